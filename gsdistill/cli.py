@@ -1,0 +1,60 @@
+"""The ``gsdistill`` command: one sub-command per stage, each implemented in its own package.
+
+A newcomer reaches any stage in one hop from this table. Each target module exposes
+``main(argv: list[str]) -> int`` with its own argparse parser; it is imported only when its
+sub-command runs, so ``gsdistill retriever ...`` never imports Ultralytics or DeepSpeed.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# sub-command -> (module, one-line help)
+STAGES: dict[str, tuple[str, str]] = {
+    "tuples": ("gsdistill.data.cli", "build page-tuple shards (pdf, images, coco, docbank, synthetic), embed their texts"),
+    "pretrain": ("gsdistill.train.cli", "pretrain a ViT with the GSDistill objective (DeepSpeed or plain PyTorch)"),
+    "export": ("gsdistill.train.export_cli", "export a pretrained backbone as safetensors + config"),
+    "detect": ("gsdistill.detect.cli", "YOLOv10 layout detection on the frozen backbone: export, train, val, predict"),
+    "eval": ("gsdistill.retrieval.cli", "crop-subsampled page retrieval evaluation"),
+    "ablate": ("gsdistill.retrieval.ablate", "run the paper's Table 3 / A1 ablations end to end"),
+    "retriever": ("gsdistill.retrievers.cli", "train and evaluate text dense retrievers with the shared loss core"),
+    "demo": ("gsdistill.demo", "the whole pipeline on the embedded synthetic data (or --pdfs DIR)"),
+}
+
+
+def _usage() -> str:
+    width = max(len(k) for k in STAGES)
+    lines = ["usage: gsdistill <command> [args...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in STAGES.items()]
+    lines += ["", "Run 'gsdistill <command> --help' for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from gsdistill import __version__
+        print(f"gsdistill {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in STAGES:
+        import difflib
+        hint = difflib.get_close_matches(name, STAGES, n=1)
+        print(f"gsdistill: unknown command '{name}'" + (f"; did you mean '{hint[0]}'?" if hint else ""),
+              file=sys.stderr)
+        print(_usage(), file=sys.stderr)
+        return 2
+    module = importlib.import_module(STAGES[name][0])
+    from gsdistill.config import ConfigError
+    try:
+        return int(module.main(rest) or 0)
+    except ConfigError as e:
+        print(f"gsdistill {name}: config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Models: timm ViT backbone, frozen text encoder, GSDistill heads and meta-architecture."""

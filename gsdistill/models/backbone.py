@@ -1,0 +1,94 @@
+"""The vision backbone: any timm ViT by name, saved as a standalone artefact.
+
+An exported backbone is a folder with ``backbone.safetensors`` (the timm model's state dict) and
+``backbone.json`` (``{"format": "gsdistill-backbone/1", "model_name": ..., "kwargs": {...}}``). Both
+detection and retrieval load it with :func:`load_backbone`; timm alone can build it too::
+
+    timm.create_model(meta["model_name"], pretrained=True,
+                      pretrained_cfg_overlay={"file": "backbone.safetensors"}, **meta["kwargs"])
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import timm
+import torch
+from safetensors.torch import load_file, save_file
+
+FORMAT = "gsdistill-backbone/1"
+WEIGHTS, META = "backbone.safetensors", "backbone.json"
+
+
+def backbone_kwargs(cfg: dict) -> dict:
+    """timm kwargs of a backbone config ``{name, img_size, patch_size, embed_dim, depth, num_heads, ...}``.
+
+    Keys set to ``None`` keep the timm default of ``name``. Dynamic image size is always on so the
+    same weights take 224 px global views, 96 px local views and detector inputs of any size.
+    """
+    kw = {k: v for k, v in cfg.items() if k != "name" and v is not None}
+    kw.setdefault("num_classes", 0)
+    kw.setdefault("global_pool", "avg")  # mean over patch tokens = the page embedding h_p (Table A2)
+    kw["dynamic_img_size"] = True
+    return kw
+
+
+def create_backbone(cfg: dict) -> torch.nn.Module:
+    """A randomly initialised timm ViT (vision backbones train from scratch: nothing is downloaded)."""
+    name = cfg["name"]
+    if not name.startswith(("vit_", "deit_", "eva", "beit")):
+        raise ValueError(f"backbone '{name}' is not a timm ViT; use e.g. vit_tiny_patch16_224")
+    try:
+        return timm.create_model(name, pretrained=False, **backbone_kwargs(cfg))
+    except RuntimeError as e:
+        raise ValueError(f"timm has no model '{name}': {e}") from None
+
+
+def save_backbone(model: torch.nn.Module, cfg: dict, out_dir: str | Path, extra: dict | None = None) -> Path:
+    """Write ``backbone.safetensors`` + ``backbone.json`` into ``out_dir``; return the folder."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    tmp = out / (WEIGHTS + ".tmp")
+    save_file(state, str(tmp))
+    tmp.replace(out / WEIGHTS)
+    meta = {"format": FORMAT, "model_name": cfg["name"], "kwargs": backbone_kwargs(cfg),
+            "embed_dim": int(getattr(model, "embed_dim", 0)), **(extra or {})}
+    (out / META).write_text(json.dumps(meta, indent=2))
+    return out
+
+
+def read_backbone_meta(path: str | Path) -> dict:
+    folder = Path(path)
+    if folder.is_file():
+        folder = folder.parent
+    meta_path = folder / META
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{folder}: no {META}; is this an exported backbone folder?")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta
+
+
+def load_backbone(path: str | Path, map_location: str = "cpu") -> torch.nn.Module:
+    """Rebuild an exported backbone; a weight file of the wrong shape is a clear error."""
+    folder = Path(path)
+    if folder.is_file():
+        folder = folder.parent
+    meta = read_backbone_meta(folder)
+    model = timm.create_model(meta["model_name"], pretrained=False, **meta["kwargs"])
+    weights = folder / WEIGHTS
+    if not weights.is_file():
+        raise FileNotFoundError(f"{folder}: missing {WEIGHTS}")
+    state = load_file(str(weights), device=map_location)
+    own = model.state_dict()
+    bad = [f"{k}: file {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+           for k, v in state.items() if k in own and own[k].shape != v.shape]
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if bad or missing or unexpected:
+        raise ValueError(f"{weights}: does not fit {meta['model_name']} {meta['kwargs']}: "
+                         f"shape mismatches {bad[:5]}, missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.load_state_dict(state)
+    return model

@@ -1,0 +1,29 @@
+"""Shared test fixtures: the real data sets beside the repo (../shared/data) and offline settings."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("YOLO_OFFLINE", "1")
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".cache" / "torch_extensions"))
+
+
+def shared_data_dir() -> Path:
+    """``$GSDISTILL_SHARED_DATA`` or ``../shared/data`` beside the checkout."""
+    env = os.environ.get("GSDISTILL_SHARED_DATA")
+    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """Folder of the real third-party data sets; tests using it skip where it is absent."""
+    path = shared_data_dir()
+    if not path.is_dir():
+        pytest.skip(f"real data sets not found at {path} (set GSDISTILL_SHARED_DATA); "
+                    "they ship beside the repo in CI, not in a user's clone")
+    return path
