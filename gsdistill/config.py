@@ -38,9 +38,10 @@ def _dotted_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-def _check_keys(base: DictConfig, extra: DictConfig, source: str, prefix: str = "") -> None:
+def _check_keys(base: DictConfig, extra: DictConfig, source: str, prefix: str = "",
+                all_keys: list[str] | None = None) -> None:
     """Raise ConfigError for any key in ``extra`` that ``base`` does not have."""
-    all_keys = _dotted_keys(base)
+    all_keys = _dotted_keys(base) if all_keys is None else all_keys
     for k, v in extra.items():
         full = f"{prefix}{k}"
         if k not in base:
@@ -51,7 +52,7 @@ def _check_keys(base: DictConfig, extra: DictConfig, source: str, prefix: str = 
             raise ConfigError(msg)
         sub = base[k]
         if isinstance(v, DictConfig) and isinstance(sub, DictConfig):
-            _check_keys(sub, v, source, full + ".")
+            _check_keys(sub, v, source, full + ".", all_keys)
         elif isinstance(v, DictConfig) and sub is not None and not isinstance(sub, DictConfig):
             raise ConfigError(f"{source}: '{full}' is a value in the defaults, not a section")
 
