@@ -1,0 +1,44 @@
+"""Bad input: ``DataError`` (a clear message naming the file) and ``SkipLog`` (recorded skips).
+
+Builders raise ``DataError`` for an input they cannot use at all; folder-level drivers catch it and
+record the skip. Parts of an input that are unusable (a blank page, an unknown class) go into the
+``SkipLog`` handed to the builder; ``write_shards`` copies that log into the shard manifest.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+log = logging.getLogger("gsdistill.data")
+
+
+class DataError(ValueError):
+    """An input file that cannot be turned into page tuples; the message names the file and why."""
+
+
+class SkipLog:
+    """Every skipped input or part of an input, with its reason. Never a silent drop: each skip is
+    also logged at WARNING level when ``echo`` is set (the default for a log the builder made itself)."""
+
+    def __init__(self, echo: bool = False):
+        self.items: list[dict] = []
+        self.echo = echo
+
+    def add(self, source: str, reason: str) -> None:
+        self.items.append({"source": str(source), "reason": reason})
+        if self.echo:
+            log.warning("skipped %s: %s", source, reason)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def reasons(self) -> Counter:
+        return Counter(item["reason"].split(":")[0] for item in self.items)
+
+
+def ensure_log(skips: SkipLog | None) -> SkipLog:
+    """The caller's log, or a fresh one that echoes every skip as a warning."""
+    return skips if skips is not None else SkipLog(echo=True)

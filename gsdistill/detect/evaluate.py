@@ -1,0 +1,154 @@
+"""Detection evaluation: Ultralytics mAP and pycocotools COCOeval from the same predictions.
+
+Ultralytics' validator scores with a 101-point interpolated PR curve of its own; COCOeval is the
+reference implementation. Both see exactly the same boxes: the validator writes its predictions
+(``predictions.json``, original image pixels) and :func:`coco_eval` maps them back to the image
+and category ids of the original COCO json (via the converter's ``coco_eval.json``).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("YOLO_OFFLINE", "1")
+
+from ultralytics.models.yolo.detect import DetectionValidator  # noqa: E402
+
+from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml  # noqa: E402
+from gsdistill.detect.modules import BACKBONE_LAYER  # noqa: E402
+
+
+class PredictionRecordingValidator(DetectionValidator):
+    """Ultralytics' validator, minus its own COCO scoring (faster-coco-eval, which it would pip-install)."""
+
+    def coco_evaluate(self, stats, pred_json, anno_json, iou_types="bbox", suffix="Box"):
+        return stats
+
+
+def param_counts(det_model, frozen: bool) -> tuple[int, int]:
+    """(total, trainable) as Ultralytics' trainer sets them: layer 0 when frozen and the fixed DFL conv."""
+    total = trainable = 0
+    for name, p in det_model.named_parameters():
+        total += p.numel()
+        if not ((frozen and name.startswith(f"model.{BACKBONE_LAYER}.")) or ".dfl" in name):
+            trainable += p.numel()
+    return total, trainable
+
+
+def _per_class_coco(evaluator, cat_ids: list[int]) -> dict[int, dict[str, float]]:
+    """AP@[.5:.95] and AP@.5 per category from COCOeval's precision array [T, R, K, A, M]."""
+    prec = evaluator.eval["precision"][:, :, :, 0, -1]  # area "all", max dets 100
+    out = {}
+    for k, cid in enumerate(evaluator.params.catIds):
+        if cid not in cat_ids:
+            continue
+        p_all, p50 = prec[:, :, k], prec[0, :, k]
+        out[cid] = {"AP50-95": float(p_all[p_all > -1].mean()) if (p_all > -1).any() else float("nan"),
+                    "AP50": float(p50[p50 > -1].mean()) if (p50 > -1).any() else float("nan")}
+    return out
+
+
+def coco_eval(predictions: list[dict], sidecar: dict, names: list[str]) -> dict:
+    """pycocotools COCOeval (bbox) of Ultralytics predictions against the original COCO json.
+
+    ``sidecar``: ``{"coco_json", "image_ids": {file stem: json image id}, "category_ids": [json id per
+    class index]}`` as written by the converters. Only the images of the evaluated split count.
+    """
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    stem_to_id = sidecar["image_ids"]
+    class_cat = sidecar["category_ids"]
+    dets = []
+    for p in predictions:
+        stem = Path(p["file_name"]).stem
+        cid = class_cat[int(p["category_id"]) - 1]  # Ultralytics writes class index + 1 for custom data
+        if stem not in stem_to_id:
+            raise ValueError(f"prediction for image '{p['file_name']}' that the COCO sidecar does not list")
+        if cid is not None:
+            dets.append({"image_id": stem_to_id[stem], "category_id": cid, "bbox": p["bbox"], "score": p["score"]})
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(sidecar["coco_json"])
+        img_ids = sorted(stem_to_id.values())
+        cat_ids = sorted({c for c in class_cat if c is not None})
+        if not dets:
+            return {"coco_mAP50": 0.0, "coco_mAP50-95": 0.0, "per_class": {}}
+        ev = COCOeval(gt, gt.loadRes(dets), "bbox")
+        ev.params.imgIds, ev.params.catIds = img_ids, cat_ids
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    per_cat = _per_class_coco(ev, cat_ids)
+    # classes without ground truth in the split get NaN from COCOeval: left out
+    per_class = {names[i]: per_cat[c] for i, c in enumerate(class_cat)
+                 if c in per_cat and per_cat[c]["AP50"] == per_cat[c]["AP50"]}
+    return {"coco_mAP50": float(ev.stats[1]), "coco_mAP50-95": float(ev.stats[0]), "per_class": per_class}
+
+
+def _sidecar_for(data_yaml: Path, split: str, coco_json: str | Path | None, names: list[str],
+                 image_dir: Path) -> dict | None:
+    """The converter's sidecar for ``split``; or one built from a given COCO json by file stem and name."""
+    if coco_json is None:
+        path = data_yaml.parent / "coco_eval.json"
+        return json.loads(path.read_text()).get(split) if path.is_file() else None
+    coco = json.loads(Path(coco_json).read_text())
+    by_name = {c["name"].lower(): c["id"] for c in coco["categories"]}
+    stems = {p.stem for p in image_dir.iterdir()}
+    return {"coco_json": str(coco_json),
+            "image_ids": {Path(i["file_name"]).stem: i["id"] for i in coco["images"]
+                          if Path(i["file_name"]).stem in stems},
+            "category_ids": [by_name.get(n.lower()) for n in names]}
+
+
+def validate(weights: str | Path, data_yaml: str | Path, coco_json: str | Path | None = None, cfg=None) -> dict:
+    """Ultralytics val + pycocotools on the same predictions; returns the report dict.
+
+    Keys: ``mAP50``, ``mAP50-95`` (Ultralytics), ``coco_mAP50``, ``coco_mAP50-95`` (pycocotools; None
+    when no COCO json is known), ``per_class`` (``{name: {"AP50", "AP50-95", "coco_AP50",
+    "coco_AP50-95"}}``), ``params_total``, ``params_trainable``, ``save_dir``. The report is also
+    written to ``<save_dir>/report.json``.
+    """
+    from ultralytics import YOLO
+
+    from gsdistill.config import load_config
+    from gsdistill.detect.checks import split_dir
+    from gsdistill.detect.pipeline import resolve_device
+
+    cfg = cfg or load_config("detect")
+    data_yaml = Path(data_yaml)
+    data = read_data_yaml(data_yaml)
+    split = str(cfg.val.split)
+    check_yolo_dataset(data_yaml, splits=(split,), allow_empty_labels=bool(cfg.data_check.allow_empty_labels))
+    if not Path(weights).is_file():
+        raise FileNotFoundError(f"weights: {weights} does not exist")
+    model = YOLO(str(weights))
+    train_args = (model.ckpt or {}).get("train_args") or {}
+    frozen = bool(train_args.get("freeze")) if train_args else bool(cfg.frozen)
+    save_dir = Path(cfg.project).resolve() / f"{Path(weights).stem}_val"
+    (save_dir / "predictions.json").unlink(missing_ok=True)  # never score a previous run's boxes
+    metrics = model.val(validator=PredictionRecordingValidator, data=str(data_yaml), split=split,
+                        imgsz=cfg.imgsz, batch=cfg.batch, conf=cfg.val.conf, iou=cfg.val.iou,
+                        max_det=cfg.val.max_det, device=resolve_device(cfg.device), plots=False,
+                        save_json=True, project=str(save_dir.parent), name=save_dir.name, exist_ok=True,
+                        verbose=False, workers=cfg.workers)
+    names = data["names"]
+    per_class = {n: {"AP50": None, "AP50-95": None} for n in names}  # None: class absent from this split
+    for k, c in enumerate(metrics.box.ap_class_index):
+        per_class[names[int(c)]] = {"AP50": float(metrics.box.ap50[k]), "AP50-95": float(metrics.box.ap[k])}
+    total, trainable = param_counts(model.model, frozen)
+    report = {"mAP50": float(metrics.box.map50), "mAP50-95": float(metrics.box.map),
+              "coco_mAP50": None, "coco_mAP50-95": None, "per_class": per_class,
+              "params_total": total, "params_trainable": trainable, "save_dir": str(save_dir)}
+    sidecar = _sidecar_for(data_yaml, split, coco_json, names, split_dir(data_yaml, data, split))
+    if cfg.val.coco and sidecar is not None:
+        pred_file = save_dir / "predictions.json"
+        preds = json.loads(pred_file.read_text()) if pred_file.is_file() else []
+        coco = coco_eval(preds, sidecar, names)
+        report["coco_mAP50"], report["coco_mAP50-95"] = coco["coco_mAP50"], coco["coco_mAP50-95"]
+        for n, ap in coco["per_class"].items():
+            per_class[n].update({"coco_AP50": ap["AP50"], "coco_AP50-95": ap["AP50-95"]})
+    (save_dir / "report.json").write_text(json.dumps(report, indent=1))
+    return report

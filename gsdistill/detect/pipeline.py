@@ -1,0 +1,136 @@
+"""Export the backbone into an Ultralytics YOLOv10 detector and train its head with Ultralytics' trainer.
+
+``build_detector`` -> ``export_detector`` (a ``.pt`` any process can load with ``YOLO(path)``) ->
+``train_head`` (``freeze=[0]``: the ViT never trains, the pyramid + v10Detect head do) ->
+``validate`` (Ultralytics mAP + pycocotools on the same predictions, in ``evaluate.py``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("YOLO_OFFLINE", "1")  # never let Ultralytics look for the network
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+from ultralytics import YOLO  # noqa: E402
+from ultralytics.utils.files import increment_path  # noqa: E402
+
+from gsdistill.config import save_config, to_dict  # noqa: E402
+from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml  # noqa: E402
+from gsdistill.detect.evaluate import param_counts, validate  # noqa: E402,F401  (validate: public entry point)
+from gsdistill.detect.run_logging import add_run_callbacks  # noqa: E402
+from gsdistill.detect.modules import BACKBONE_LAYER, detector_yaml  # noqa: E402
+from gsdistill.models.backbone import backbone_kwargs, create_backbone, load_backbone, read_backbone_meta  # noqa: E402
+
+
+def resolve_device(device: str | None) -> str:
+    """Ultralytics device string: the configured one, else CUDA 0 when present, else cpu."""
+    if device not in (None, ""):
+        return str(device)
+    return "0" if torch.cuda.is_available() else "cpu"
+
+
+def _backbone(backbone_dir: str | Path | None, cfg: DictConfig) -> tuple[str, dict, torch.nn.Module]:
+    """(timm name, timm kwargs, ViT with its weights): the exported one, or a random one from the config."""
+    if backbone_dir:
+        meta = read_backbone_meta(backbone_dir)  # clear error when the folder is not an export
+        return meta["model_name"], meta["kwargs"], load_backbone(backbone_dir)  # wrong shapes: clear error
+    spec = to_dict(cfg.random_backbone) if isinstance(cfg, DictConfig) else dict(cfg["random_backbone"])
+    return spec["name"], backbone_kwargs(spec), create_backbone(spec)
+
+
+def build_detector(backbone_dir: Path | None, nc: int, cfg: DictConfig, names: list[str] | None = None) -> YOLO:
+    """Ultralytics YOLO: ViT (weights of ``backbone_dir``, or random when None) + pyramid + v10Detect(nc)."""
+    name, kwargs, vit = _backbone(backbone_dir, cfg)
+    spec = detector_yaml(name, kwargs, embed_dim=vit.embed_dim, patch_size=vit.patch_embed.patch_size[0],
+                         nc=nc, c_out=int(cfg.adapter_channels), frozen=bool(cfg.frozen))
+    # provenance rides in the model YAML, which Ultralytics copies into every checkpoint it writes
+    spec["gsdistill"] = {"backbone": str(Path(backbone_dir).resolve()) if backbone_dir else "random",
+                         "config": to_dict(cfg) if isinstance(cfg, DictConfig) else dict(cfg)}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "gsdistill_vit_detector.yaml"  # no "<digits><n|s|m|l|x>" in the name: no scale guessing
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        det = YOLO(str(path), task="detect")
+    det.model.model[BACKBONE_LAYER].vit.load_state_dict(vit.state_dict())
+    det.model.names = dict(enumerate(names or [f"class{i}" for i in range(nc)]))
+    return det
+
+
+def export_detector(backbone_dir: Path | None, names: list[str], cfg: DictConfig, out_path: str | Path) -> Path:
+    """Save the untrained detector as an Ultralytics ``.pt`` (+ ``params.json``); return its path.
+
+    Ultralytics stores checkpoints in fp16, so the ViT weights in every ``.pt`` are the fp16
+    rounding of the exported fp32 backbone; training keeps exactly those values.
+    """
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    det = build_detector(backbone_dir, len(names), cfg, names)
+    det.save(str(out_path))
+    total, trainable = param_counts(det.model, frozen=bool(cfg.frozen))
+    info = {"weights": str(out_path), "backbone": det.model.yaml["gsdistill"]["backbone"], "nc": len(names),
+            "names": list(names), "params_total": total, "params_trainable": trainable}
+    out_path.with_name("params.json").write_text(json.dumps(info, indent=1))
+    return out_path
+
+
+def train_args(cfg: DictConfig, data_yaml: str, run_dir: Path) -> dict:
+    """Ultralytics ``train()`` keyword arguments from the gsdistill config."""
+    args = {k: cfg[k] for k in ("epochs", "imgsz", "batch", "workers", "optimizer", "lr0", "lrf", "weight_decay",
+                                "warmup_epochs", "cos_lr", "seed", "amp", "patience", "save_period", "plots")}
+    args.update(to_dict(cfg.augment))
+    args.update(data=str(data_yaml), device=resolve_device(cfg.device), project=str(run_dir.parent),
+                name=run_dir.name, exist_ok=True, val=bool(cfg.val_during_training), deterministic=True,
+                freeze=[BACKBONE_LAYER] if cfg.frozen else None, verbose=False)
+    return args
+
+
+def _resume_checkpoint(resume: str) -> Path:
+    path = Path(resume)
+    if path.is_dir():
+        path = path / "weights" / "last.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"resume: no checkpoint at {path} (give last.pt or the run dir holding weights/)")
+    return path
+
+
+def _attach(model: YOLO, run_dir: Path, callbacks: dict | None) -> None:
+    add_run_callbacks(model, run_dir)
+    for event, fns in (callbacks or {}).items():
+        for fn in fns:
+            model.add_callback(event, fn)
+
+
+def train_head(cfg: DictConfig, callbacks: dict[str, list] | None = None) -> Path:
+    """Fine-tune the detection head (backbone frozen unless ``frozen=false``); return the Ultralytics run dir.
+
+    The run dir holds ``weights/{best,last}.pt``, Ultralytics' ``results.csv``, the gsdistill
+    ``config.yaml``, ``params.json``, ``tensorboard/`` and ``plots/training.png``. ``callbacks``
+    (Ultralytics event -> functions of the trainer) are added to the run, e.g. for monitoring.
+    """
+    if cfg.resume:
+        last = _resume_checkpoint(str(cfg.resume))
+        run_dir = last.parent.parent
+        model = YOLO(str(last))
+        _attach(model, run_dir, callbacks)
+        model.train(resume=True, device=resolve_device(cfg.device), workers=cfg.workers)
+        return run_dir
+    if not cfg.data:
+        raise ValueError("detect train: set data=<data YAML> (make one with `gsdistill detect convert`)")
+    data = read_data_yaml(cfg.data)
+    if cfg.data_check.enabled:
+        check_yolo_dataset(cfg.data, allow_empty_labels=bool(cfg.data_check.allow_empty_labels))
+    run_dir = Path(increment_path(Path(cfg.project).resolve() / cfg.name))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir)
+    weights = Path(cfg.model) if cfg.model else export_detector(cfg.backbone, data["names"], cfg,
+                                                                run_dir / "init" / "detector.pt")
+    if not weights.is_file():
+        raise FileNotFoundError(f"model: {weights} does not exist (make one with `gsdistill detect export`)")
+    model = YOLO(str(weights))
+    _attach(model, run_dir, callbacks)
+    model.train(**train_args(cfg, str(Path(cfg.data).resolve()), run_dir))
+    return run_dir

@@ -1,0 +1,106 @@
+"""Teacher targets for self-distillation: softmax centering (EMA centre) and Sinkhorn-Knopp.
+
+DINOv2 semantics (see NOTES.md), world-aware: under ``torch.distributed`` the batch statistics
+(centre mean, Sinkhorn totals and prototype sums, global batch size) are all-reduced, so N ranks
+with B rows each produce what one process with N*B rows would.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from gsdistill.losses.gather import all_reduce_sum, is_distributed
+from gsdistill.losses.validation import check_scores
+
+
+def _all_reduce_max(x: Tensor) -> Tensor:
+    if not is_distributed():
+        return x
+    out = x.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return out
+
+
+def _global_logsumexp_over_batch(x: Tensor) -> Tensor:
+    """``log sum_b exp(x[b, k])`` over the batch rows of all ranks -> ``[1, K]``."""
+    peak = _all_reduce_max(x.max(dim=0, keepdim=True).values)
+    return peak + torch.log(all_reduce_sum(torch.exp(x - peak).sum(dim=0, keepdim=True)))
+
+
+@torch.no_grad()
+def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3) -> Tensor:
+    """Sinkhorn-Knopp teacher targets, ``[B, K]`` logits -> ``[B, K]`` probabilities (rows sum to 1).
+
+    ``Q = exp(t / T)^T`` (``[K, B]``); ``Q /= sum(Q)``; ``n_iters`` times: each prototype row
+    divided by its sum and by K, each sample column by its sum and by B_global; finally ``Q * B``,
+    transposed. DINOv2 / SwAV; paper 003 Table A2 (3 iterations, teacher temperature 0.04).
+    After the last step every sample's row sums to 1 and each prototype's mass tends to B/K.
+    Same arithmetic in the log domain (each division is a subtraction of a logsumexp; the first
+    total normalisation is absorbed exactly by the first prototype normalisation), in float32
+    (float64 if given): no overflow or underflow however large ``t / T`` is.
+    """
+    check_scores("sinkhorn_knopp", teacher_logits)
+    if temperature <= 0 or n_iters < 1:
+        raise ValueError(f"sinkhorn_knopp: need temperature > 0 and n_iters >= 1, got "
+                         f"{temperature}, {n_iters}")
+    dtype = torch.float64 if teacher_logits.dtype == torch.float64 else torch.float32
+    log_q = teacher_logits.detach().to(dtype) / temperature  # [B, K]: log Q^T up to a constant
+    n_protos = log_q.shape[1]
+    n_global = int(all_reduce_sum(torch.tensor(log_q.shape[0], device=log_q.device)).item())
+    log_k, log_b = math.log(n_protos), math.log(n_global)
+    for _ in range(n_iters):
+        log_q = log_q - _global_logsumexp_over_batch(log_q) - log_k
+        log_q = log_q - torch.logsumexp(log_q, dim=1, keepdim=True) - log_b
+    return torch.exp(log_q + log_b).to(teacher_logits.dtype)
+
+
+class TeacherCentering(nn.Module):
+    """Holds the EMA centre ``[1, K]`` and turns teacher logits into targets (DINO and iBOT)."""
+
+    def __init__(self, out_dim: int, center_momentum: float = 0.9) -> None:
+        super().__init__()
+        if out_dim < 1 or not 0.0 <= center_momentum <= 1.0:
+            raise ValueError(f"need out_dim >= 1 and center_momentum in [0, 1], got {out_dim}, "
+                             f"{center_momentum}")
+        self.out_dim = out_dim
+        self.center_momentum = center_momentum
+        self.register_buffer("center", torch.zeros(1, out_dim))
+
+    @torch.no_grad()
+    def teacher_probs(self, teacher_logits: Tensor, teacher_temp: float,
+                      centering: str = "sinkhorn_knopp", n_iters: int = 3) -> Tensor:
+        """``[B, K]`` teacher logits -> ``[B, K]`` targets.
+
+        ``"softmax"``: ``softmax((t - c) / T)`` with the current centre c, then
+        ``c <- m c + (1 - m) mean_batch(t)`` (mean over all ranks), so step k uses step k-1's
+        centre (DINOv2). ``"sinkhorn_knopp"``: ``sinkhorn_knopp(t, T, n_iters)``; the centre is
+        left alone.
+        """
+        name = type(self).__name__
+        check_scores(f"{name}.teacher_probs", teacher_logits)
+        if teacher_logits.shape[-1] != self.out_dim:
+            raise ValueError(f"{name}: teacher logits shape {tuple(teacher_logits.shape)} does not "
+                             f"match out_dim {self.out_dim}")
+        if centering == "sinkhorn_knopp":
+            return sinkhorn_knopp(teacher_logits, teacher_temp, n_iters)
+        if centering != "softmax":
+            raise ValueError(f"{name}: centering must be 'softmax' or 'sinkhorn_knopp', "
+                             f"got {centering!r}")
+        if teacher_temp <= 0:
+            raise ValueError(f"{name}: teacher_temp must be > 0, got {teacher_temp}")
+        t = teacher_logits.detach()
+        center = self.center.to(device=t.device, dtype=t.dtype)
+        probs = torch.softmax((t - center) / teacher_temp, dim=-1)
+        self.update_center(t)
+        return probs
+
+    @torch.no_grad()
+    def update_center(self, teacher_logits: Tensor) -> None:
+        """EMA of the global batch mean of the teacher logits."""
+        total = all_reduce_sum(teacher_logits.detach().float().sum(dim=0, keepdim=True))
+        count = all_reduce_sum(torch.tensor(float(teacher_logits.shape[0]), device=total.device))
+        batch_mean = (total / count.clamp(min=1.0)).to(self.center.device)
+        self.center.mul_(self.center_momentum).add_(batch_mean, alpha=1.0 - self.center_momentum)

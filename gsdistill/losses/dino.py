@@ -1,0 +1,57 @@
+"""DINO class-token self-distillation loss (paper 003 §4.3; DINOv2 / DINOv3)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gsdistill.losses.centering import TeacherCentering
+from gsdistill.losses.validation import check_scores
+
+
+class DINOLoss(TeacherCentering):
+    """Cross-entropy between teacher targets and student predictions over pairs of views.
+
+    ``L = mean_{(i, j), i != j} mean_b [ -sum_k q_j[b, k] log softmax(s_i[b] / T_s)_k ]``, over
+    student views i and teacher views j (paper 003 §4.3 ``L_distill``; DINOv2 default T_s = 0.1).
+    Shapes: ``student_logits``: list of S tensors ``[B, K]``; ``teacher_probs``: list of T tensors
+    ``[B, K]`` (from ``teacher_probs(...)``). The student list starts with the same views, in
+    the same order, as the teacher list (global views first, then local ones when the teacher also
+    sees local views, paper 003 Table A1); with ``ignore_diagonal`` the pairs i == j are excluded.
+    Targets need no gradient; ``teacher_probs`` comes from ``TeacherCentering``.
+    """
+
+    def __init__(self, out_dim: int, student_temp: float = 0.1, center_momentum: float = 0.9) -> None:
+        super().__init__(out_dim, center_momentum)
+        if student_temp <= 0:
+            raise ValueError(f"DINOLoss: student_temp must be > 0, got {student_temp}")
+        self.student_temp = student_temp
+
+    def forward(self, student_logits: list[Tensor], teacher_probs: list[Tensor],
+                ignore_diagonal: bool = True) -> Tensor:
+        if len(student_logits) == 0 or len(teacher_probs) == 0:
+            raise ValueError("DINOLoss: need at least one student and one teacher view")
+        shape = tuple(student_logits[0].shape)
+        for i, s in enumerate(student_logits):
+            check_scores(f"DINOLoss student view {i}", s)
+        for j, t in enumerate(teacher_probs):
+            check_scores(f"DINOLoss teacher view {j}", t)
+        for what, views in (("student", student_logits), ("teacher", teacher_probs)):
+            for v in views:
+                if tuple(v.shape) != shape or shape[-1] != self.out_dim:
+                    raise ValueError(f"DINOLoss: {what} view shape {tuple(v.shape)} does not match "
+                                     f"student view 0 shape {shape} / out_dim {self.out_dim}")
+        stacked = torch.stack(student_logits)
+        if stacked.dtype != torch.float64:  # fp32 at least: bf16/fp16 logits lose the tail
+            stacked = stacked.float()
+        log_p = torch.log_softmax(stacked / self.student_temp, dim=-1)
+        targets = torch.stack(teacher_probs).detach().to(log_p.dtype)
+        # [S, T] matrix of batch-mean cross-entropies without a [S, T, B, K] tensor
+        ce = -torch.einsum("sbk,tbk->st", log_p, targets) / shape[0]
+        keep = torch.ones_like(ce, dtype=torch.bool)
+        if ignore_diagonal:
+            n = min(ce.shape)
+            keep[torch.arange(n), torch.arange(n)] = False
+        if not bool(keep.any()):
+            raise ValueError("DINOLoss: no (student, teacher) pair left once same-view pairs are "
+                             "excluded; give more views or ignore_diagonal=False")
+        return ce[keep].mean().to(student_logits[0].dtype)

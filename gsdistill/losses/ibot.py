@@ -1,0 +1,53 @@
+"""iBOT masked-patch self-distillation loss (paper 003 §4.4; DINOv2 weighting)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gsdistill.losses.centering import TeacherCentering
+from gsdistill.losses.validation import check_scores
+
+
+class IBOTPatchLoss(TeacherCentering):
+    """Per-masked-patch cross-entropy, each image weighted equally.
+
+    ``L = sum_m w_m CE_m / #{images with >= 1 masked patch}``, ``CE_m = -sum_k q_m,k log softmax(
+    s_m / T_s)_k``, ``w_m = 1 / (masked patches in m's image)`` (DINOv2's weighting of paper 003
+    §4.4's mean over masked patches, so large masks do not dominate). Shapes:
+    ``student_patch_logits: [M, K]``, ``teacher_patch_probs: [M, K]`` (from ``teacher_probs``),
+    ``masks: bool[B, P]``; row m is the m-th True of ``masks`` in row-major order
+    (``masks.nonzero()`` order), so ``M == masks.sum()``. No masked patch -> 0 (on the graph).
+    """
+
+    def __init__(self, out_dim: int, student_temp: float = 0.1, center_momentum: float = 0.9) -> None:
+        super().__init__(out_dim, center_momentum)
+        if student_temp <= 0:
+            raise ValueError(f"IBOTPatchLoss: student_temp must be > 0, got {student_temp}")
+        self.student_temp = student_temp
+
+    def forward(self, student_patch_logits: Tensor, teacher_patch_probs: Tensor,
+                masks: Tensor) -> Tensor:
+        check_scores("IBOTPatchLoss student", student_patch_logits)
+        check_scores("IBOTPatchLoss teacher", teacher_patch_probs)
+        if not isinstance(masks, Tensor) or masks.dtype != torch.bool or masks.dim() != 2:
+            raise ValueError("IBOTPatchLoss: masks must be a bool tensor [B, P]")
+        n_masked = int(masks.sum())
+        if student_patch_logits.shape != teacher_patch_probs.shape:
+            raise ValueError(f"IBOTPatchLoss: student shape {tuple(student_patch_logits.shape)} "
+                             f"does not match teacher shape {tuple(teacher_patch_probs.shape)}")
+        if student_patch_logits.shape != (n_masked, self.out_dim):
+            raise ValueError(f"IBOTPatchLoss: patch logits shape {tuple(student_patch_logits.shape)} "
+                             f"does not match (masks.sum()={n_masked}, out_dim={self.out_dim})")
+        if n_masked == 0:
+            return student_patch_logits.sum() * 0.0
+        masks = masks.to(student_patch_logits.device)
+        logits = student_patch_logits
+        if logits.dtype != torch.float64:  # fp32 at least: bf16/fp16 logits lose the tail
+            logits = logits.float()
+        log_p = torch.log_softmax(logits / self.student_temp, dim=-1)
+        ce = -(teacher_patch_probs.detach().to(log_p.dtype) * log_p).sum(dim=-1)
+        per_image = masks.sum(dim=1)
+        image_of_patch = masks.nonzero()[:, 0]
+        weights = 1.0 / per_image[image_of_patch].to(ce.dtype)
+        n_images = int((per_image > 0).sum())
+        return ((weights * ce).sum() / n_images).to(student_patch_logits.dtype)

@@ -1,0 +1,204 @@
+"""The GSDistill meta-architecture (paper 003 §4): student, EMA teacher, heads, named loss terms.
+
+``GSDistill(cfg)(batch)`` takes a ``collate_pretrain`` batch and returns a dict of named loss terms
+(``sem``/``geom``/``joint``, ``distill``, ``ibot``, ``koleo``; only the enabled ones) and ``total`` =
+the weighted sum ``l1 L_sem + l2 L_geom + l3 L_distill + l4 L_ibot + l5 L_KoLeo-H``. The training
+loop backpropagates ``total``, steps, calls :meth:`update_teacher`, logs and checkpoints.
+
+Views: the student sees the (iBOT-masked) global views and the local views; the teacher sees the
+unmasked global views and, when ``objective.distill_local`` (Table A1), the local views too.
+Each term's value is per rank; cross-rank terms use ``gather_with_grad`` so that gradients averaged
+over ranks (DDP / DeepSpeed) equal those of one process holding the whole batch.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.profiler import record_function
+
+from gsdistill.losses import DINOLoss, IBOTPatchLoss, KoLeoHybridLoss, gather_with_grad, rank_offset
+from gsdistill.models.alignment import PageTextAlignment
+from gsdistill.models.backbone import create_backbone
+from gsdistill.models.heads import DINOHead
+from gsdistill.models.vit_encoder import encode_views
+
+HEADS = {"semantic": ("sem",), "dual": ("sem", "geom"), "joint": ("joint",)}
+POSITIVES = ("multi", "single")
+
+
+def _plain(cfg) -> dict:
+    from omegaconf import OmegaConf
+    return OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else dict(cfg)
+
+
+class GSDistill(nn.Module):
+    """Student backbone + page/text heads + DINO head, EMA teacher, loss modules (see module doc)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        m, o = cfg["model"], cfg["objective"]
+        if o["heads"] not in HEADS:
+            raise ValueError(f"objective.heads must be one of {sorted(HEADS)}, got {o['heads']!r}")
+        if o["positives"] not in POSITIVES:
+            raise ValueError(f"objective.positives must be one of {POSITIVES}, got {o['positives']!r}")
+        self.backbone_cfg = _plain(m["backbone"])
+        self.text_encoder_name = str(m["text_encoder"])
+        self.positives = o["positives"]
+        self.backbone = create_backbone(self.backbone_cfg)
+        dim = int(self.backbone.embed_dim)
+        self.align = nn.ModuleDict({
+            name: PageTextAlignment(dim, int(m["text_dim"]), int(m["proj_dim"]), int(m["head_hidden_dim"]),
+                                    o["loss"], float(m["init_temperature"]), bool(m["learnable_scale"]),
+                                    float(m["max_logit_scale"]), int(o["queue_size"]))
+            for name in HEADS[o["heads"]]})
+        self.weights = {name: float(o["lambda_geom"] if name == "geom" else o["lambda_sem"]) for name in self.align}
+        self.use_distill, self.use_ibot, self.use_koleo = bool(o["distill"]), bool(o["ibot"]), bool(o["koleo"])
+        self.distill_local = bool(o["distill_local"])
+        self.weights.update(distill=float(o["lambda_distill"]), ibot=float(o["lambda_ibot"]),
+                            koleo=float(o["lambda_koleo"]))
+        self.teacher_temp, self.centering = float(o["teacher_temp"]), str(o["centering"])
+        self.sinkhorn_iters = int(o["sinkhorn_iters"])
+        if self.use_ibot:
+            self.mask_token = nn.Parameter(torch.zeros(1, dim))
+            nn.init.normal_(self.mask_token, std=1e-6)
+        if self.use_distill or self.use_ibot:
+            self.dino_head = DINOHead(dim, int(m["dino_out_dim"]), int(m["dino_hidden_dim"]),
+                                      int(m["dino_bottleneck_dim"]), int(m["dino_layers"]))
+            self.teacher = nn.ModuleDict({"backbone": copy.deepcopy(self.backbone),
+                                          "dino_head": copy.deepcopy(self.dino_head)})
+            self.teacher.requires_grad_(False)
+            k, st, cm = int(m["dino_out_dim"]), float(o["student_temp"]), float(o["center_momentum"])
+            self.dino_loss = DINOLoss(k, student_temp=st, center_momentum=cm)
+            self.ibot_loss = IBOTPatchLoss(k, student_temp=st, center_momentum=cm)
+        if self.use_koleo:
+            self.koleo_loss = KoLeoHybridLoss(alpha=float(o["koleo_alpha"]), beta=float(o["koleo_beta"]))
+
+    def train(self, mode: bool = True) -> "GSDistill":
+        """The EMA teacher always runs in eval mode: no stochastic depth or dropout in its targets."""
+        super().train(mode)
+        if hasattr(self, "teacher"):
+            self.teacher.eval()
+        return self
+
+    # ---- inference API (INTERFACES 3) ------------------------------------------------------
+    def page_features(self, images: torch.Tensor) -> torch.Tensor:
+        """Mean-pooled page embedding ``h_p [B, C]`` of the student backbone."""
+        return encode_views(self.backbone, images)[0]
+
+    def _head(self, name: str) -> PageTextAlignment:
+        if name == "sem" and "joint" in self.align:
+            name = "joint"
+        if name not in self.align:
+            raise ValueError(f"this model has no {name!r} head (heads: {sorted(self.align)})")
+        return self.align[name]
+
+    def embed_pages(self, images: torch.Tensor) -> torch.Tensor:
+        """``float[B,3,H,W] -> float[B, proj_dim]``, semantic head, L2-normalised."""
+        return self._head("sem").embed_pages(self.page_features(images))
+
+    def embed_pages_geom(self, images: torch.Tensor) -> torch.Tensor:
+        return self._head("geom").embed_pages(self.page_features(images))
+
+    def embed_text_sem(self, text_emb: torch.Tensor) -> torch.Tensor:
+        """Frozen-encoder embeddings ``[M, D_text] -> [M, proj_dim]`` (L2-normalised)."""
+        return self._head("sem").embed_text(text_emb)
+
+    def embed_text_geom(self, text_emb: torch.Tensor) -> torch.Tensor:
+        return self._head("geom").embed_text(text_emb)
+
+    # ---- training --------------------------------------------------------------------------
+    def student_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.named_parameters() if not n.startswith("teacher.")]
+
+    def teacher_pairs(self) -> list[tuple[nn.Parameter, nn.Parameter]]:
+        """(teacher param, student param) pairs for the EMA update."""
+        if not hasattr(self, "teacher"):
+            return []
+        pairs = []
+        for part in ("backbone", "dino_head"):
+            student = dict(getattr(self, part).named_parameters())
+            pairs += [(p, student[n]) for n, p in self.teacher[part].named_parameters()]
+        return pairs
+
+    @torch.no_grad()
+    def update_teacher(self, momentum: float) -> None:
+        """``teacher = m * teacher + (1 - m) * student`` (EMA, paper 003 §4.3)."""
+        pairs = self.teacher_pairs()
+        if pairs:
+            torch._foreach_lerp_([t for t, _ in pairs], [s.detach().to(t.dtype) for t, s in pairs], 1.0 - momentum)
+
+    def _texts(self, batch: dict, head: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Candidate text embeddings ``[B, S, D]`` and validity ``[B, S]`` of one head."""
+        if self.positives == "single":
+            key = {"sem": "sp_sem_emb", "geom": "sp_geom_emb", "joint": "sp_joint_emb"}[head]
+            if key not in batch:
+                raise KeyError(f"SP mode for head {head!r} needs batch[{key!r}] (the page's texts "
+                               "concatenated into one, from the text cache)")
+            emb = batch[key].unsqueeze(1)
+            return emb, torch.ones(emb.shape[:2], dtype=torch.bool, device=emb.device)
+        if head == "joint":
+            return (torch.cat([batch["sem_emb"], batch["geom_emb"]], 1),
+                    torch.cat([batch["sem_valid"], batch["geom_valid"]], 1))
+        return batch[f"{head}_emb"], batch[f"{head}_valid"]
+
+    def _teacher_targets(self, logits: torch.Tensor, loss: nn.Module) -> torch.Tensor:
+        return loss.teacher_probs(logits, self.teacher_temp, centering=self.centering,
+                                  n_iters=self.sinkhorn_iters)
+
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        # record_function labels cost nothing without a profiler; tools/bench_pretrain.py times them
+        glob, local = batch["global_crops"], batch["local_crops"]
+        n_pages = len(batch["ids"])
+        n_global, n_local = glob.shape[0] // n_pages, local.shape[0] // n_pages
+        masks = batch["masks"] if self.use_ibot else None
+        with record_function("gsdistill.student_global"):
+            h_glob, patches = encode_views(self.backbone, glob, masks, getattr(self, "mask_token", None),
+                                           with_patches=self.use_ibot)
+        terms: dict[str, torch.Tensor] = {}
+        anchor_page = torch.arange(n_pages, device=glob.device).repeat(n_global)
+        koleo = []
+        if self.use_koleo:
+            page_ids = gather_with_grad((anchor_page + rank_offset(n_pages)).float()[:, None])[:, 0].long()
+        for name, head in self.align.items():
+            with record_function(f"gsdistill.{name}"):
+                text, valid = self._texts(batch, name)
+                terms[name], z = head(h_glob, anchor_page, text, valid)
+            if self.use_koleo:  # over the whole (gathered) batch; pairs = same page, other view
+                with record_function("gsdistill.koleo"):
+                    koleo.append(self.koleo_loss(gather_with_grad(z), group_ids=page_ids))
+        if self.use_koleo:
+            terms["koleo"] = torch.stack(koleo).mean()
+        if self.use_distill or self.use_ibot:
+            terms.update(self._self_distillation(glob, local, masks, h_glob, patches, n_global, n_local))
+        terms["total"] = sum(self.weights[k] * v for k, v in terms.items())
+        return terms
+
+    def _self_distillation(self, glob, local, masks, h_glob, patches, n_global, n_local) -> dict:
+        out = {}
+        with torch.no_grad(), record_function("gsdistill.teacher"):
+            t_glob, t_patch = encode_views(self.teacher["backbone"], glob, with_patches=self.use_ibot)
+            t_local = None
+            if self.use_distill and self.distill_local and n_local:
+                t_local = self.teacher["dino_head"](encode_views(self.teacher["backbone"], local)[0])
+        if self.use_distill:
+            with record_function("gsdistill.student_local"):
+                h_local = encode_views(self.backbone, local)[0]
+            with record_function("gsdistill.distill"):
+                with torch.no_grad():
+                    t_logits = self.teacher["dino_head"](t_glob)
+                student = self.dino_head(torch.cat([h_glob, h_local]))
+                s_views = list(student.chunk(n_global + n_local))
+                teacher_views = list(self._teacher_targets(t_logits, self.dino_loss).chunk(n_global))
+                if t_local is not None:
+                    teacher_views += list(self._teacher_targets(t_local, self.dino_loss).chunk(n_local))
+                out["distill"] = self.dino_loss(s_views, teacher_views, ignore_diagonal=True)
+        if self.use_ibot:
+            with record_function("gsdistill.ibot"):
+                s_patch = self.dino_head(patches[masks])
+                with torch.no_grad():
+                    t_patch_probs = self._teacher_targets(self.teacher["dino_head"](t_patch[masks]),
+                                                          self.ibot_loss)
+                out["ibot"] = self.ibot_loss(s_patch, t_patch_probs, masks)
+        return out

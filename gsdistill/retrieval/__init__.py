@@ -1,0 +1,1 @@
+"""Retrieval: IR metrics, exact inner-product search, page-retrieval evaluation."""

@@ -1,0 +1,5 @@
+"""Text dense retrievers trained with the shared loss core (papers 000, 001, 002, 004).
+
+Readers (beir, tevatron, dpr) -> ``RetrievalData`` -> training groups -> ``DualEncoder`` ->
+``gsdistill.losses`` by name -> evaluation (exact search + IR metrics).
+"""

@@ -1,0 +1,96 @@
+"""The one in-memory form every retrieval reader produces: corpus, queries, graded qrels, negatives.
+
+Readers (``beir.py``, ``tevatron.py``, ``dpr.py``) turn their file formats into ``RetrievalData``;
+everything downstream (groups, training, evaluation) only sees this. Problems in the input either
+raise a ``ValueError`` naming the file and line, or are counted in ``skipped`` (a manifest of
+reason -> count) when the rest of the data is still usable (e.g. a judgment for a missing doc).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+
+@dataclass
+class RetrievalData:
+    doc_ids: list[str]
+    doc_texts: list[str]
+    queries: dict[str, str]  # qid -> text
+    qrels: dict[str, dict[str, int]]  # qid -> {docid: grade}; grade >= 1 relevant, 0 judged non-relevant
+    negatives: dict[str, list[str]] = field(default_factory=dict)  # qid -> hard-negative doc ids
+    skipped: Counter = field(default_factory=Counter)  # reason -> count
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.doc_ids) != len(self.doc_texts):
+            raise ValueError(f"{self.source}: {len(self.doc_ids)} doc ids but {len(self.doc_texts)} texts")
+        self.doc_index = {d: i for i, d in enumerate(self.doc_ids)}
+        if len(self.doc_index) != len(self.doc_ids):
+            raise ValueError(f"{self.source}: duplicate document ids in the corpus")
+
+    def judged_queries(self) -> list[str]:
+        """Query ids with at least one relevant doc, sorted (stable across runs)."""
+        return sorted(q for q, g in self.qrels.items() if q in self.queries and any(v >= 1 for v in g.values()))
+
+    def subset(self, qids: list[str]) -> "RetrievalData":
+        """Same corpus, only the given queries (for train / test folds)."""
+        keep = set(qids)
+        return RetrievalData(self.doc_ids, self.doc_texts, {q: t for q, t in self.queries.items() if q in keep},
+                             {q: dict(g) for q, g in self.qrels.items() if q in keep},
+                             {q: list(n) for q, n in self.negatives.items() if q in keep},
+                             Counter(self.skipped), self.source)
+
+    def summary(self) -> dict:
+        n_pos = [sum(1 for v in g.values() if v >= 1) for g in self.qrels.values()]
+        return {"source": self.source, "docs": len(self.doc_ids), "queries": len(self.queries),
+                "judged_queries": len(self.judged_queries()), "positives": sum(n_pos),
+                "skipped": dict(self.skipped)}
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` per non-empty line; bad JSON -> ValueError naming file and line."""
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
+            yield n, obj
+
+
+def require(obj: dict, key: str, where: str):
+    if key not in obj:
+        raise ValueError(f"{where}: missing field '{key}' (has {sorted(obj)})")
+    return obj[key]
+
+
+def passage_text(title: str | None, text: str | None) -> str:
+    """Title and body joined as BEIR's dense models do ("title text")."""
+    return " ".join(t.strip() for t in (title, text) if t and t.strip())
+
+
+class CorpusBuilder:
+    """Collects passages that arrive inline (DPR, Tevatron) and gives each a stable id."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.texts: list[str] = []
+        self._seen: dict[str, str] = {}
+
+    def add(self, text: str, doc_id: str | None = None) -> str:
+        if doc_id is None:  # no id in the file: content hash, so one passage gets one id
+            doc_id = "h" + hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+        doc_id = str(doc_id)
+        if doc_id not in self._seen:
+            self._seen[doc_id] = text
+            self.ids.append(doc_id)
+            self.texts.append(text)
+        return doc_id

@@ -1,0 +1,32 @@
+"""``gsdistill export RUN_DIR OUT_DIR``: the pretrained student backbone as safetensors + json.
+
+RUN_DIR may be a run dir (its latest checkpoint is used) or one checkpoint folder. OUT_DIR is
+loadable with ``gsdistill.models.backbone.load_backbone`` and buildable by ``timm.create_model``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gsdistill export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", help="pretraining run dir or checkpoint folder")
+    parser.add_argument("out_dir", help="folder to write backbone.safetensors + backbone.json into")
+    args = parser.parse_args(argv)
+
+    from gsdistill.train import checkpoint
+    from gsdistill.train.pretrain import export_backbone
+    try:
+        ckpt = checkpoint.resolve_checkpoint(args.run_dir)
+    except FileNotFoundError as e:
+        print(f"gsdistill export: {e}", file=sys.stderr)
+        return 2
+    cfg = OmegaConf.load(ckpt / "config.yaml")
+    out = export_backbone(checkpoint.read_model(ckpt), cfg, Path(args.out_dir), source=str(ckpt))
+    print(f"exported {ckpt} -> {out}")
+    return 0

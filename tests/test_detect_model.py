@@ -1,0 +1,93 @@
+"""The Ultralytics detector around the ViT: shapes, eval-mode freezing, export, reload in a new process."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gsdistill.config import load_config
+from gsdistill.detect.evaluate import param_counts
+from gsdistill.detect.modules import SimpleFeaturePyramid, ViTBackbone
+from gsdistill.detect.pipeline import build_detector, export_detector
+from gsdistill.models.backbone import create_backbone, load_backbone, save_backbone
+
+TINY = {"name": "vit_tiny_patch16_224", "depth": 2, "embed_dim": 64, "num_heads": 2}
+
+
+@pytest.fixture(scope="module")
+def backbone_dir(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    return save_backbone(create_backbone(TINY), TINY, tmp_path_factory.mktemp("bb"))
+
+
+def _cfg(**over):
+    return load_config("detect", "cpu_smoke", [f"{k}={v}" for k, v in over.items()])
+
+
+def test_backbone_stays_in_eval_mode_and_pyramid_strides():
+    vit = ViTBackbone("vit_tiny_patch16_224", {"depth": 1, "embed_dim": 32, "num_heads": 2, "drop_path_rate": 0.5})
+    vit.train()
+    assert not any(m.training for m in vit.modules())  # drop-path off although train() was asked
+    x = torch.randn(2, 3, 128, 192)
+    torch.testing.assert_close(vit(x), vit(x))  # deterministic: no dropout / drop-path
+    feats = vit(x)
+    assert feats.shape == (2, 32, 8, 12) and not feats.requires_grad
+    levels = SimpleFeaturePyramid(32, 16, 16)(feats)
+    assert [tuple(f.shape) for f in levels] == [(2, 16, 16, 24), (2, 16, 8, 12), (2, 16, 4, 6)]
+    trainable = ViTBackbone("vit_tiny_patch16_224", {"depth": 1, "embed_dim": 32, "num_heads": 2}, frozen=False)
+    assert trainable.train().training and trainable(x).requires_grad
+    with pytest.raises(ValueError, match="not a multiple of the patch size"):
+        vit(torch.randn(1, 3, 100, 96))
+
+
+def test_build_detector_loads_backbone_and_counts_params(backbone_dir):
+    det = build_detector(backbone_dir, nc=5, cfg=_cfg(), names=["a", "b", "c", "d", "e"])
+    ref = load_backbone(backbone_dir)
+    for k, v in ref.state_dict().items():
+        assert torch.equal(det.model.model[0].vit.state_dict()[k], v), k
+    total, trainable = param_counts(det.model, frozen=True)
+    vit_n = sum(p.numel() for p in ref.parameters())
+    dfl_n = sum(p.numel() for n, p in det.model.named_parameters() if ".dfl" in n)
+    assert total == sum(p.numel() for p in det.model.parameters())
+    assert trainable == total - vit_n - dfl_n
+    assert det.model.stride.tolist() == [8.0, 16.0, 32.0] and det.model.names[4] == "e"
+
+
+def test_wrong_backbone_checkpoints_are_clear_errors(backbone_dir, tmp_path):
+    bad = tmp_path / "bad"
+    save_backbone(create_backbone(TINY), TINY, bad)
+    meta = json.loads((bad / "backbone.json").read_text())
+    meta["kwargs"]["embed_dim"] = 96  # json promises a wider ViT than the weights hold
+    (bad / "backbone.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="does not fit.*shape mismatches"):
+        build_detector(bad, nc=3, cfg=_cfg())
+    with pytest.raises(FileNotFoundError, match="no backbone.json"):
+        build_detector(tmp_path / "missing", nc=3, cfg=_cfg())
+
+
+def test_export_reloads_in_a_new_process(backbone_dir, tmp_path):
+    pt = export_detector(backbone_dir, ["text", "title", "list"], _cfg(adapter_channels=16), tmp_path / "det.pt")
+    info = json.loads((tmp_path / "params.json").read_text())
+    assert 0 < info["params_trainable"] < info["params_total"]
+    x = torch.rand(1, 3, 128, 160)
+    torch.save(x, tmp_path / "x.pt")
+    code = ("import json, sys, torch\nfrom ultralytics import YOLO\n"
+            f"m = YOLO(r'{pt}')\nx = torch.load(r'{tmp_path / 'x.pt'}')\n"
+            "m.model.eval(); y = m.model(x)\ny = y[0] if isinstance(y, (list, tuple)) else y\n"
+            "print(json.dumps({'names': m.names, 'sum': float(y.double().sum()), 'shape': list(y.shape)}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "YOLO_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["names"] == {"0": "text", "1": "title", "2": "list"}
+    from ultralytics import YOLO
+    here = YOLO(str(pt)).model.eval()
+    with torch.no_grad():
+        y = here(x)
+    y = y[0] if isinstance(y, (list, tuple)) else y
+    assert res["shape"] == list(y.shape)
+    assert res["sum"] == pytest.approx(float(y.double().sum()), rel=1e-5)

@@ -1,0 +1,98 @@
+"""Multi-process and DeepSpeed runs reproduce the single-process PyTorch run on the same global batches."""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from gsdistill.config import load_config
+from gsdistill.train.data_stream import FixedBatches, tensor_batch
+from gsdistill.train.metrics_log import read_metrics
+from gsdistill.train.pretrain import run_pretraining
+
+# every global view masked, so each rank's iBOT normaliser (images with a mask) is the same share
+TINY = ["model.backbone.depth=1", "model.backbone.img_size=32", "views.global_size=32", "views.local_size=16",
+        "model.dino_out_dim=64", "model.dino_hidden_dim=32", "model.dino_bottleneck_dim=16", "model.proj_dim=32",
+        "views.mask_prob=1.0", "optim.batch_size=4", "optim.steps=4", "optim.warmup_steps=1",
+        "train.log_every=1", "train.progress=false", "train.tensorboard=false", "train.plots=false",
+        "objective.queue_size=8"]
+TERMS = ("total", "sem", "geom", "distill", "ibot", "koleo", "grad_norm")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stream(cfg):
+    batches = [tensor_batch(cfg, 4, seed=s) for s in range(2)]
+    return lambda rank, world: FixedBatches(batches, rank, world)
+
+
+def _worker(rank: int, world: int, port: int, overrides: list[str], run_dir: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    cfg = load_config("pretrain", None, TINY + overrides)
+    run_pretraining(cfg, run_dir, _stream(cfg))
+    torch.distributed.destroy_process_group()
+
+
+def _spawn(world: int, overrides: list[str], run_dir) -> dict:
+    mp.spawn(_worker, args=(world, _free_port(), overrides, str(run_dir)), nprocs=world, join=True)
+    return _read(run_dir)
+
+
+def _read(run_dir) -> dict:
+    rows = {int(r["step"]): {k: float(v) for k, v in r.items()} for r in read_metrics(run_dir / "metrics.csv")}
+    return {"rows": rows, "backbone": load_file(str(run_dir / "backbone" / "backbone.safetensors"))}
+
+
+def _reference(tmp_path, overrides=()) -> dict:
+    cfg = load_config("pretrain", None, TINY + list(overrides))
+    return _read(run_pretraining(cfg, tmp_path / "single", _stream(cfg)))
+
+
+def _assert_same(run: dict, ref: dict, rtol: float) -> None:
+    assert sorted(run["rows"]) == sorted(ref["rows"]) == [1, 2, 3, 4]
+    for step, row in ref["rows"].items():
+        for term in TERMS:
+            assert run["rows"][step][term] == pytest.approx(row[term], rel=rtol, abs=1e-5), (step, term)
+    for key, value in ref["backbone"].items():
+        torch.testing.assert_close(run["backbone"][key], value, rtol=rtol, atol=1e-5)
+
+
+@pytest.mark.distributed
+def test_two_torch_processes_equal_one_process(tmp_path):
+    ref = _reference(tmp_path)
+    _assert_same(_spawn(2, [], tmp_path / "ddp2"), ref, rtol=1e-4)
+
+
+def test_deepspeed_zero3_offload_equals_torch_engine(tmp_path):
+    pytest.importorskip("deepspeed")
+    ref = _reference(tmp_path)
+    _assert_same(_spawn(1, ["train.engine=deepspeed"], tmp_path / "ds1"), ref, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_deepspeed_processes_equal_one_torch_process(tmp_path):
+    pytest.importorskip("deepspeed")
+    ref = _reference(tmp_path)
+    _assert_same(_spawn(2, ["train.engine=deepspeed"], tmp_path / "ds2"), ref, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_deepspeed_resume_gives_the_same_losses(tmp_path):
+    pytest.importorskip("deepspeed")
+    full = _spawn(1, ["train.engine=deepspeed"], tmp_path / "full")
+    _spawn(1, ["train.engine=deepspeed", "train.stop_after=2"], tmp_path / "part")
+    resumed = _spawn(1, ["train.engine=deepspeed", f"train.resume={tmp_path / 'part'}"], tmp_path / "part")
+    for step in (3, 4):
+        for term in TERMS:
+            assert resumed["rows"][step][term] == pytest.approx(full["rows"][step][term], rel=1e-6), (step, term)

@@ -1,0 +1,192 @@
+"""Dual-encoder training: real MiniLM run lowers the loss; GradCache = plain gradients; label
+weakening; graded losses; curriculum; frozen passage tower; save/load round trip."""
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from gsdistill.losses import get_loss
+from gsdistill.retrievers.beir import load_beir
+from gsdistill.retrievers.model import DualEncoder
+from gsdistill.retrievers.objective import grad_cache_backward, loss_from_embeddings, step_inputs
+from gsdistill.retrievers.train import RetrieverTrainer, build_model
+from test_retriever_common import retriever_cfg, tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
+
+
+def batch_loss(trainer: RetrieverTrainer, loss_name: str = "sum_marg_lh") -> float:
+    """Loss of all queries against their epoch-0 groups, eval mode (no dropout): comparable over time."""
+    inputs = step_inputs(trainer.sampler.epoch_groups(0), trainer.data)
+    trainer.model.eval()
+    with torch.no_grad():
+        q = trainer.model.encode_queries(inputs.query_texts)
+        p = trainer.model.encode_passages([trainer.data.doc_texts[i] for i in inputs.cand_idx.tolist()])
+        loss = loss_from_embeddings(get_loss(loss_name), loss_name, q, p, trainer.model.logit_scale, inputs,
+                                    trainer.data, trainer.qrels)
+    return float(loss)
+
+
+def test_real_minilm_training_lowers_the_loss(tiny_beir, tmp_path):
+    # query-side fine-tuning of the real MiniLM (frozen, cached passage tower) keeps this test short
+    cfg = retriever_cfg(tiny_beir, tmp_path, "train.epochs=3", "train.lr=1e-4", "train.warmup_ratio=0",
+                        "model.shared=false", "model.freeze_passage=true")
+    data = load_beir(tiny_beir)
+    trainer = RetrieverTrainer(cfg, data, tmp_path / "run", progress=False)
+    before = batch_loss(trainer)
+    trainer.fit()
+    after = batch_loss(trainer)
+    assert after < 0.8 * before, (before, after)
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    assert len(rows) == 6 and {r["loss_name"] for r in rows} == {"sum_marg_lh"}
+    assert (tmp_path / "run" / "plots" / "loss.png").stat().st_size > 1000
+    assert (tmp_path / "run" / "config.yaml").is_file() and any((tmp_path / "run" / "tensorboard").iterdir())
+
+
+def test_grad_cache_equals_full_batch_gradients(tiny_beir, tiny_encoder):
+    data = load_beir(tiny_beir)
+    model = DualEncoder(tiny_encoder, shared=False, query_max_length=16, passage_max_length=32)
+    model.train()  # dropout on: GradCache must replay the same masks
+    cfg = retriever_cfg(tiny_beir, "/tmp")
+    groups = RetrieverTrainer(cfg, data, "/tmp/unused", model=model, progress=False).sampler.epoch_groups(0)
+    inputs = step_inputs(groups, data)
+    texts = [data.doc_texts[i] for i in inputs.cand_idx.tolist()]
+    loss_fn = get_loss("joint_lh")
+
+    def loss_of(q, p):
+        return loss_from_embeddings(loss_fn, "joint_lh", q, p, model.logit_scale, inputs, data, data.qrels)
+
+    def grads():
+        out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return out
+
+    def chunked(fn, items):  # full graph, encoded chunk by chunk: the RNG sequence GradCache replays
+        return torch.cat([fn(items[i:i + 4]) for i in range(0, len(items), 4)])
+
+    torch.manual_seed(5)
+    full = loss_of(chunked(model.encode_queries, inputs.query_texts), chunked(model.encode_passages, texts))
+    full.backward()
+    g_full = grads()
+    torch.manual_seed(5)
+    cached = grad_cache_backward([(model.encode_queries, inputs.query_texts), (model.encode_passages, texts)],
+                                 chunk=4, loss_of=loss_of, device=torch.device("cpu"))
+    g_cached = grads()
+    assert torch.allclose(full.detach(), cached, atol=1e-6)
+    assert g_full.keys() == g_cached.keys() and len(g_full) > 10
+    for name in g_full:
+        assert torch.allclose(g_full[name], g_cached[name], atol=1e-5, rtol=1e-4), name
+    # without dropout GradCache also equals one un-chunked full-batch backward
+    model.eval()
+    loss_of(model.encode_queries(inputs.query_texts), model.encode_passages(texts)).backward()
+    g_plain = grads()
+    grad_cache_backward([(model.encode_queries, inputs.query_texts), (model.encode_passages, texts)],
+                        chunk=5, loss_of=loss_of, device=torch.device("cpu"))
+    g_cached = grads()
+    for name in g_plain:
+        assert torch.allclose(g_plain[name], g_cached[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_in_batch_off_restricts_each_query_to_its_group(tiny_beir):
+    from gsdistill.retrievers.groups import TrainGroup
+
+    data = load_beir(tiny_beir)
+    ix = data.doc_index
+    docs = {"q-cat": ["cat-0", "cat-1", "filler-0", "paris-0"], "q-paris": ["paris-0", "paris-1", "filler-0", "filler-1"],
+            "q-python": ["python-0", "python-1", "filler-0", "volcano-0"]}
+    groups = [TrainGroup(q, [ix[d] for d in ds], [data.qrels[q].get(d, 0) for d in ds]) for q, ds in docs.items()]
+    inputs = step_inputs(groups, data)
+    g = torch.Generator().manual_seed(0)
+    q, p = torch.randn(3, 8, generator=g), torch.randn(12, 8, generator=g)
+    got = loss_from_embeddings(get_loss("single_lh"), "single_lh", q, p, lambda x: x, inputs, data, data.qrels,
+                               in_batch=False)
+    # reference: each query's first positive against its own negatives (filler-0 repeated across
+    # groups stays valid in each; the other positive leaves the denominator, paper 000 eq. 3)
+    ref = torch.stack([torch.logsumexp(q[i] @ p[[4 * i, 4 * i + 2, 4 * i + 3]].mT, 0) - q[i] @ p[4 * i]
+                       for i in range(3)]).mean()
+    assert torch.allclose(got, ref, atol=1e-5)
+    in_batch = loss_from_embeddings(get_loss("single_lh"), "single_lh", q, p, lambda x: x, inputs, data,
+                                    data.qrels, in_batch=True)
+    assert in_batch > got  # more negatives (paris-0 is a positive of q-paris only)
+
+
+def test_graded_loss_gets_grades_and_trains(tiny_beir, tiny_encoder, tmp_path):
+    data = load_beir(tiny_beir)
+    cfg = retriever_cfg(tiny_beir, tmp_path, f"model.encoder={tiny_encoder}", "loss.name=wasserstein",
+                        "train.epochs=2", "curriculum.stage2_epochs=1")
+    trainer = RetrieverTrainer(cfg, data, tmp_path / "run", progress=False)
+    inputs = step_inputs(trainer.sampler.epoch_groups(0)[:2], data)
+    q, p = torch.randn(2, 32), torch.randn(16, 32)
+    got = loss_from_embeddings(get_loss("wasserstein"), "wasserstein", q, p, lambda x: x, inputs, data, data.qrels)
+    from gsdistill.retrievers.groups import candidate_labels
+    grades, valid = candidate_labels(inputs.qids, inputs.cand_idx, data)
+    assert grades.max() == 2 and torch.allclose(got, get_loss("wasserstein")(q @ p.T, grades, valid))
+    trainer.fit()
+    names = [r["loss_name"] for r in trainer.history]
+    assert names == ["wasserstein"] * 4 + ["single_lh"] * 2  # two-stage curriculum
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in trainer.history)
+
+
+def test_label_weakening_adds_confident_candidates(tiny_beir, tiny_encoder, tmp_path):
+    data = load_beir(tiny_beir)
+    cfg = retriever_cfg(tiny_beir, tmp_path, f"model.encoder={tiny_encoder}", "loss.name=superset_pairwise",
+                        "weakening.enabled=true", "weakening.beta=0.0", "train.epochs=1")
+    trainer = RetrieverTrainer(cfg, data, tmp_path / "run", progress=False)
+    groups = trainer.sampler.epoch_groups(0)
+    weak = trainer.weak_positive_sets(groups)
+    for grp in groups:  # beta = 0: every candidate is plausible; only the annotated ones are not "extra"
+        assert weak[grp.qid] == {i for i, v in zip(grp.doc_idx, grp.grades) if v == 0}
+    cfg.weakening.beta = 1.0
+    assert all(not s for s in trainer.weak_positive_sets(groups).values())
+    cfg.weakening.beta = 0.3
+    trainer.fit()
+    assert trainer.history[0]["weak_extra_positives"] >= 0 and len(trainer.history) == 2
+
+
+def test_frozen_passage_tower_and_save_load_round_trip(tiny_beir, tiny_encoder, tmp_path):
+    data = load_beir(tiny_beir)
+    cfg = retriever_cfg(tiny_beir, tmp_path, f"model.encoder={tiny_encoder}", "model.shared=false",
+                        "model.freeze_passage=true", "model.pooling=cls", "train.lr=1e-3")
+    trainer = RetrieverTrainer(cfg, data, tmp_path / "run", progress=False)
+    p_before = {n: v.clone() for n, v in trainer.model.passage_encoder.named_parameters()}
+    q_before = {n: v.clone() for n, v in trainer.model.query_encoder.named_parameters()}
+    model = trainer.fit()
+    assert all(torch.equal(p_before[n], v) for n, v in model.passage_encoder.named_parameters())
+    assert any(not torch.equal(q_before[n], v) for n, v in model.query_encoder.named_parameters())
+    assert not model.passage_encoder.training and model.query_encoder.training
+    path = trainer.save({"nDCG@10": 0.5})
+    card = (path / "README.md").read_text()
+    assert "sum_marg_lh" in card and "| nDCG@10 | 0.5000 |" in card and str(tiny_beir) in card
+    loaded = DualEncoder.from_pretrained(path)
+    assert loaded.settings() == model.settings() and loaded.pooling == "cls"
+    texts = ["capital city of France", "a cat purrs"]
+    for kind in ("query", "passage"):
+        assert torch.allclose(model.encode(texts, kind), loaded.encode(texts, kind), atol=1e-6)
+    with pytest.raises(ValueError, match="not a saved dual encoder"):
+        DualEncoder.from_pretrained(tmp_path)
+
+
+def test_build_model_rejects_bad_settings(tiny_beir, tiny_encoder):
+    with pytest.raises(ValueError, match="freeze_passage needs separate towers"):
+        build_model(retriever_cfg(tiny_beir, "/tmp", f"model.encoder={tiny_encoder}", "model.freeze_passage=true"))
+    data = load_beir(tiny_beir)
+    with pytest.raises(ValueError, match="train.amp"):
+        RetrieverTrainer(retriever_cfg(tiny_beir, "/tmp", f"model.encoder={tiny_encoder}", "train.amp=fp8"), data, "/tmp/x")
+    with pytest.raises(ValueError, match="graded loss 'wasserstein'"):
+        RetrieverTrainer(retriever_cfg(tiny_beir, "/tmp", f"model.encoder={tiny_encoder}", "loss.name=wasserstein",
+                                       "weakening.enabled=true"), data, "/tmp/x")
+    with pytest.raises(ValueError, match="pooling"):
+        build_model(retriever_cfg(tiny_beir, "/tmp", f"model.encoder={tiny_encoder}", "model.pooling=max"))
+
+
+def test_gradient_accumulation_steps_every_k_micro_batches(tiny_beir, tiny_encoder, tmp_path, monkeypatch):
+    data = load_beir(tiny_beir)
+    cfg = retriever_cfg(tiny_beir, tmp_path, f"model.encoder={tiny_encoder}", "train.batch_size=2",
+                        "train.accumulation=2", "train.epochs=2")
+    trainer = RetrieverTrainer(cfg, data, tmp_path / "run", progress=False)
+    applied = []
+    real_apply = trainer._apply
+    monkeypatch.setattr(trainer, "_apply", lambda opt, sched: (applied.append(len(trainer.history)), real_apply(opt, sched)))
+    trainer.fit()
+    # 6 queries / 2 = 3 micro-batches per epoch: steps after micro-batch 2 and after the epoch's last one
+    assert applied == [1, 2, 4, 5] and len(trainer.history) == 6
