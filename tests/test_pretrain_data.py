@@ -49,12 +49,12 @@ def test_shard_stream_splits_pages_over_ranks(synthetic_shards):
     assert ids[0] and ids[1] and not ids[0] & ids[1]
 
 
-def test_pretraining_from_synthetic_shards_end_to_end(tmp_path):
+def test_pretraining_from_given_shards_end_to_end(tmp_path, synthetic_shards):
     from gsdistill.train.checkpoint import load_pretrained
     from gsdistill.train.pretrain import run_pretraining
-    cfg = load_config("pretrain", None, TINY)
-    run_dir = run_pretraining(cfg, tmp_path)
-    assert (run_dir / "data" / "manifest.json").is_file()
+    cfg = load_config("pretrain", None, TINY + [f"data.shards={synthetic_shards[0]}"])
+    run_dir = run_pretraining(cfg, tmp_path)  # the fixture's text cache matches: reused, not rebuilt
+    assert not (run_dir / "data").exists()
     rows = read_metrics(run_dir / "metrics.csv")
     assert [int(r["step"]) for r in rows] == [1, 2, 3]
     assert {"sem", "geom", "distill", "ibot", "koleo", "total", "grad_norm", "lr"} <= set(rows[0])

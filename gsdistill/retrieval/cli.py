@@ -67,8 +67,9 @@ def _retrieval(args: argparse.Namespace) -> int:
         model = load_pretrained(model_dir)
         name = getattr(model, "text_encoder_name", None)
         if name not in encoders:  # one cached encoder per encoder name, shared by the models and runs
-            cache = Path(args.text_cache or out_dir / "text_cache") / f"{Path(str(name)).name}.safetensors"
-            encoders[name] = CachedTextEncoder(TextEncoder(name, device=resolve_device(cfg.retrieval.device)), cache)
+            encoder = TextEncoder(name, device=resolve_device(cfg.retrieval.device))
+            file = f"{Path(str(getattr(encoder, 'name', None) or type(encoder).__name__)).name}.safetensors"
+            encoders[name] = CachedTextEncoder(encoder, Path(args.text_cache or out_dir / "text_cache") / file)
         results[label] = evaluate_page_retrieval(model, ShardDataset(pages_dir), encoders[name], model_cfg)
         encoders[name].save()
         results[label]["model_dir"] = str(model_dir)
