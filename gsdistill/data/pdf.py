@@ -77,6 +77,7 @@ def page_regions(page: pymupdf.Page) -> list[dict]:
     pictures = [p for p in pictures if not any(L._inside(p, t) for t in tables)]
     body = L.body_size(blocks)
     largest = max((b["stats"]["size"] for b in blocks), default=0.0)
+    L.mark_margins([b for b in blocks if not any(L._inside(b["bbox"], r) for r in tables + pictures)], body, h)
     absorbed = {id(t): [] for t in tables + pictures}
     regions = []
     for b in blocks:
@@ -91,6 +92,7 @@ def page_regions(page: pymupdf.Page) -> list[dict]:
             regions.append({"category": cat, "bbox": L._union(ln["bbox"] for ln in g),
                             "text": " ".join(ln["text"] for ln in g)})
     regions = L.merge_formulas(regions, body)
+    L.demote_footnotes(regions)
     for cat, rects in (("Table", tables), ("Picture", pictures)):
         for r in rects:
             regions.append({"category": cat, "bbox": list(r), "text": " ".join(absorbed[id(r)])})

@@ -5,11 +5,14 @@ PDF points. Every rule below is relative to the page so it works at any page siz
 
 * **body size** = the character-weighted most common font size of the page (rounded to 0.5 pt).
 * **Page-header / Page-footer**: a short block (<= 2 lines, <= 80 chars, not larger than body)
-  wholly inside the top / bottom ``MARGIN_BAND`` of the page height.
+  wholly inside the top / bottom ``MARGIN_BAND`` of the page height; or the page's topmost /
+  bottommost short block inside the top / bottom 16% when a gap of >= 1.5 x body separates it
+  from every other block (LaTeX's running heads and page numbers sit in wide margins).
 * **Caption**: block text begins with "Figure/Fig./Table/Tab./Listing/Algorithm/Scheme N" followed
   by ":", "." or a dash (so "Figure 3 shows ..." in running text stays Text).
 * **Formula**: >= ``MATH_SHARE`` of the block's characters are set in math fonts (CMMI, CMSY, CMEX,
-  MSAM/MSBM, *Math*, Symbol, ...), or the block is only an equation number "(12)". pymupdf cuts
+  MSAM/MSBM, *Math*, Symbol, ...), or >= 15% with an equation number "(3.12)" ending a line, or
+  the block is only an equation number. pymupdf cuts
   display math into many small blocks: formula blocks closer than 0.8 x body vertically and
   3 x body horizontally are merged (``merge_formulas``), taking along short (<= 40 chars) one-line
   text blocks between them (operators and numbers set in text fonts).
@@ -17,7 +20,8 @@ PDF points. Every rule below is relative to the page so it works at any page siz
 * **Section-header**: <= 3 lines, <= 160 chars, and size >= 1.12 x body or >= 80% bold characters
   with at most 2 lines.
 * **Footnote**: size <= 0.92 x body, in the bottom 35% of the page, starting with a superscript
-  span or a footnote mark (digit, *, dagger, double dagger, section sign).
+  span or a footnote mark (digit, *, dagger, double dagger, section sign), with no other body
+  region below it in its column (numbered code lines in small type are not footnotes).
 * **List-item**: a line starting with a bullet glyph or an enumeration ("1.", "(a)", "iv)");
   a block holding several items is split into one region per item.
 * **Table**: >= 2 horizontal rules with matching left/right ends stacked within 40% of the page
@@ -46,6 +50,7 @@ _CAPTION = re.compile(r"^\s*(figure|fig\.|table|tab\.|listing|algorithm|scheme|c
 _BULLET = re.compile(r"^\s*([\u2022\u25e6\u25aa\u25cf\u25cb\u2023\u2043\u2219\u00b7\u2013\u2014\u25a0\u25a1\u27a2\u2192\u22c4*\-]"
                      r"|\(?\d{1,2}[.)]\s|\(?[a-h][.)]\s|\(?(i|ii|iii|iv|v|vi|vii|viii|ix|x)[.)]\s)")
 _EQ_NUMBER = re.compile(r"^\(\s*\d+(\.\d+)*[a-z]?\s*\)$")
+_EQ_NUMBER_END = re.compile(r"\(\s*\d+(\.\d+)*[a-z]?\s*\)$")
 _FOOT_MARK = re.compile(r"^\s*([\d*\u2020\u2021\u00a7\u00b6]|\u2217)")
 
 
@@ -104,13 +109,14 @@ def classify_text(block: dict, body: float, page_w: float, page_h: float, first_
     st, text, n_lines = block["stats"], block["text"], len(block["lines"])
     x0, y0, x1, y1 = block["bbox"]
     short = n_lines <= 2 and len(text) <= 80 and st["size"] <= body * 1.1
-    if short and y1 <= page_h * MARGIN_BAND:
+    if short and (y1 <= page_h * MARGIN_BAND or block.get("margin") == "top"):
         return "Page-header"
-    if short and y0 >= page_h * (1 - MARGIN_BAND):
+    if short and (y0 >= page_h * (1 - MARGIN_BAND) or block.get("margin") == "bottom"):
         return "Page-footer"
     if _CAPTION.match(text):
         return "Caption"
-    if st["math"] >= MATH_SHARE or _EQ_NUMBER.match(text):
+    eq_line = any(_EQ_NUMBER_END.search(ln["text"]) for ln in block["lines"])
+    if st["math"] >= MATH_SHARE or _EQ_NUMBER.match(text) or (st["math"] >= 0.15 and eq_line):
         return "Formula"
     if first_page and st["size"] >= body * 1.25 and y1 <= page_h * 0.45 and block.get("largest"):
         return "Title"
@@ -284,3 +290,31 @@ def merge_formulas(regions: list[dict], body: float) -> list[dict]:
         else:
             out.append(r)
     return out
+
+
+def mark_margins(blocks: list[dict], body: float, page_h: float) -> None:
+    """Set ``block["margin"]`` to "top"/"bottom" on the isolated first/last block (module docstring)."""
+    if len(blocks) < 2:
+        return
+    top = min(blocks, key=lambda b: b["bbox"][1])
+    below = min(b["bbox"][1] for b in blocks if b is not top)
+    if top["bbox"][3] <= 0.16 * page_h and below - top["bbox"][3] >= 1.5 * body:
+        top["margin"] = "top"
+    bottom = max(blocks, key=lambda b: b["bbox"][3])
+    above = max(b["bbox"][3] for b in blocks if b is not bottom)
+    if bottom is not top and bottom["bbox"][1] >= 0.84 * page_h and bottom["bbox"][1] - above >= 1.5 * body:
+        bottom["margin"] = "bottom"
+
+
+def demote_footnotes(regions: list[dict]) -> None:
+    """A Footnote with body content below it in its column is ordinary small text."""
+    for r in regions:
+        if r["category"] != "Footnote":
+            continue
+        x0, _, x1, y1 = r["bbox"]
+        for q in regions:
+            qb = q["bbox"]
+            if q["category"] not in ("Footnote", "Page-footer", "Page-header") and qb[1] >= y1 - 1 \
+                    and qb[0] < x1 and x0 < qb[2]:
+                r["category"] = "Text"
+                break
