@@ -28,7 +28,7 @@ def build_tuples(cfg, out: Path) -> tuple[Path, Path, dict]:
     if cfg.pdfs:
         from gsdistill.demo_pdfs import build_pdf_split
         info = build_pdf_split(Path(cfg.pdfs), out / "data", int(d.pdf_dpi), int(d.max_pdf_pages),
-                               float(d.eval_fraction), int(cfg.seed))
+                               int(d.pages_per_pdf), float(d.eval_fraction), int(cfg.seed))
         return train_dir, eval_dir, info
     w, h = int(d.page_width), int(d.page_height)
     # held-out pages come from another synthetic set (another seed): no document is in both

@@ -58,3 +58,27 @@ def test_pretraining_logged_every_term_finite(demo_run):
     for term in ("total", "sem", "geom", "distill", "ibot", "koleo"):
         assert all(math.isfinite(float(r[term])) for r in rows), term
     assert (out / "pretrain" / "backbone" / "backbone.safetensors").is_file()
+
+
+def test_pdf_folder_is_split_by_document_and_bad_files_are_reported(shared_data, tmp_path):
+    import shutil
+
+    from gsdistill.data.shards import read_manifest, read_pages
+    from gsdistill.demo_pdfs import build_pdf_split
+
+    pdfs = tmp_path / "pdfs"
+    pdfs.mkdir()
+    for f in sorted((shared_data / "arxiv_pdfs_docbank").glob("*.pdf")):
+        shutil.copy(f, pdfs / f.name)
+    (pdfs / "broken.pdf").write_bytes(b"%PDF-1.4 not really")
+    (pdfs / "notes.txt").write_text("not a pdf")
+    info = build_pdf_split(pdfs, tmp_path / "data", dpi=36, max_pages=100, pages_per_pdf=3,
+                           eval_fraction=0.25, seed=0)
+    everything = read_manifest(tmp_path / "data" / "all")
+    assert everything["pages"] == 12 and everything["documents"] == 4
+    reasons = {s["source"].split("/")[-1]: s["reason"] for s in everything["skipped"]}
+    assert set(reasons) == {"broken.pdf", "notes.txt"} and "unsupported" in reasons["notes.txt"]
+    train = {p["doc_id"] for p in read_pages(tmp_path / "data" / "train", decode_images=False)}
+    held = {p["doc_id"] for p in read_pages(tmp_path / "data" / "eval", decode_images=False)}
+    assert train and held and not train & held
+    assert info["train"]["pages"] + info["eval"]["pages"] == 12

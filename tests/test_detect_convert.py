@@ -90,7 +90,7 @@ def test_convert_release_layouts(tmp_path):
 
 def _page(pid: str, doc: str, boxes: list[tuple[str, list]]) -> dict:
     return {"id": pid, "doc_id": doc, "image": Image.new("RGB", (120, 160), "white"), "width": 120,
-            "height": 160, "spans": [], "source": "test", "boxes": [{"category": c, "bbox": b} for c, b in boxes]}
+            "height": 160, "spans": [{"text": "words", "bbox": [5, 5, 50, 15], "category": None}], "source": "test", "boxes": [{"category": c, "bbox": b} for c, b in boxes]}
 
 
 def test_pages_to_yolo_splits_by_document_and_round_trips(tmp_path):
@@ -184,3 +184,26 @@ def test_many_to_one_category_map_scores_against_merged_json(tmp_path):
              for b in ([10, 10, 80, 40], [10, 100, 150, 80])]
     res = coco_eval(preds, side, DOCLAYNET_CLASSES)
     assert res["coco_mAP50-95"] == pytest.approx(1.0) and list(res["per_class"]) == ["Text"]
+
+
+def test_cli_convert_from_shards_and_real_docbank(shared_data, tmp_path):
+    from gsdistill.data.shards import write_shards
+    from gsdistill.detect.cli import main
+
+    pages = [_page(f"p{i}", f"d{i}", [("Table", [5, 5, 100, 80]), ("Caption", [5, 90, 100, 100])]) for i in range(4)]
+    write_shards(pages, tmp_path / "shards", progress=False)
+    assert main(["convert", "--shards", str(tmp_path / "shards"), "--val-fraction", "0.25",
+                 "--out", str(tmp_path / "from_shards")]) == 0
+    assert check_yolo_dataset(tmp_path / "from_shards/data.yaml")["train"] == {"images": 3, "boxes": 6,
+                                                                               "empty_labels": 0}
+    src = tmp_path / "docbank"  # two real DocBank pages (token files + renders), linked
+    (src / "annotations").mkdir(parents=True)
+    (src / "images").mkdir()
+    root = shared_data / "docbank_samples"
+    for txt in sorted((root / "annotations").iterdir())[:2]:
+        (src / "annotations" / txt.name).symlink_to(txt)
+        img = root / "images" / f"{txt.stem}_ori.jpg"
+        (src / "images" / img.name).symlink_to(img)
+    assert main(["convert", "--docbank", str(src), "--val-fraction", "0.5", "--out", str(tmp_path / "db")]) == 0
+    report = check_yolo_dataset(tmp_path / "db/data.yaml")
+    assert report["train"]["images"] + report["val"]["images"] == 2 and report["train"]["boxes"] > 3

@@ -68,7 +68,7 @@ def _model_for(pages: list[dict], noise: float = 1.0) -> FakeModel:
 
 def _cfg(**kw):
     base = {"n_gallery": 1000, "ks": [1, 3, 8], "seeds": [0, 1], "device": "cpu", "image_size": 8,
-            "run_depth": 100}
+            "run_depth": 100, "sp_separator": "\n"}  # the fake encoder sums the lines of a text
     base.update(kw)
     return {"retrieval": base}
 
@@ -216,7 +216,10 @@ def test_each_text_is_encoded_once_and_bad_config_is_named():
     pages = _pages(20)
     enc = FakeTextEncoder()
     pr.evaluate_page_retrieval(_model_for(pages), pages, enc, _cfg(ks=[1], seeds=[0, 1, 2]), progress=False)
-    assert enc.calls == sum(len(p["spans"]) for p in pages)  # k=1 single-positive texts are the crops
+    # only sampled crops are encoded, each once; k=1 single-positive texts are those crops
+    n = [len(p["spans"]) for p in sorted(pages, key=lambda p: p["id"])]
+    sampled = [set().union(*(set(pr.sample_crops(n, 1, s)[q].tolist()) for s in (0, 1, 2))) for q in range(len(n))]
+    assert enc.calls == sum(len(x) for x in sampled) < sum(n)
     with pytest.raises(ValueError, match="unknown scoring 'sp'"):
         pr.evaluate_page_retrieval(_model_for(pages), pages, enc, _cfg(scorings=["sp"]), progress=False)
     with pytest.raises(ValueError, match="at least 2 usable pages"):

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = args.out.resolve()
     twin = random_twin(args.backbone, out / "random_backbone", args.seed)
-    over = [f"epochs={args.epochs}", f"imgsz={args.imgsz}", f"batch={args.batch}", "workers=0", f"lr0={args.lr0}",
+    over = [f"epochs={args.epochs}", f"imgsz={args.imgsz}", f"batch={args.batch}", "workers=0", f"lr0={args.lr0}", "cache=ram",
             f"seed={args.seed}", "augment.mosaic=0.0", "augment.close_mosaic=0"]
     if args.device:
         over.append(f"device={args.device}")

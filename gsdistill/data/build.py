@@ -49,7 +49,8 @@ def per_file(files: Iterable[Path], make: Callable[[Path], Iterator[dict]], skip
 
 def ocr_function(cfg: DictConfig):
     from gsdistill.data.images import make_tesseract
-    return make_tesseract(cfg.ocr.lang, int(cfg.ocr.psm), float(cfg.ocr.min_conf)) if cfg.ocr.enabled else None
+    o = cfg.ocr
+    return make_tesseract(o.lang, int(o.psm), float(o.min_conf), int(o.min_width)) if o.enabled else None
 
 
 def _doc_id(root: Path, f: Path) -> str:

@@ -26,27 +26,28 @@ _FLAG_KEYS = {"dpi": "pdf.dpi", "pages_per_shard": "build.pages_per_shard", "max
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="gsdistill tuples", description="page-tuple shards: build, embed, info")
+    ap = argparse.ArgumentParser(prog="gsdistill tuples", description="page-tuple shards: build, embed, info",
+                                 epilog="build and embed also take key=value config overrides anywhere on the line")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="build shards from PDFs, images (OCR), COCO, DocBank or synthetic pages")
+    b = sub.add_parser("build", help="build shards from PDFs, images (OCR), COCO, DocBank or synthetic pages",
+                       epilog="key=value overrides of configs/tuples/default.yaml may follow, e.g. pdf.max_page_count=500")
     b.add_argument("--from", dest="kind", required=True, choices=["pdf", "images", "coco", "docbank", "synthetic"])
     b.add_argument("input", help="file or folder (synthetic: number of pages)")
     b.add_argument("--out", required=True, help="output shard folder")
     b.add_argument("--config", default=None, help="experiment YAML over configs/tuples/default.yaml")
-    b.add_argument("--dpi", type=int)
-    b.add_argument("--pages-per-shard", type=int)
+    b.add_argument("--dpi", type=int, help="PDF render resolution (pdf.dpi)")
+    b.add_argument("--pages-per-shard", type=int, help="pages per tar shard (build.pages_per_shard)")
     b.add_argument("--max-pages", type=int, help="stop after this many pages in all")
     b.add_argument("--limit", type=int, help="use only the first N input files")
     b.add_argument("--image-format", choices=["png", "jpg"])
     b.add_argument("--no-ocr", action="store_true", help="never run Tesseract (ocr.enabled=false)")
-    b.add_argument("overrides", nargs="*", help="key=value config overrides")
-    e = sub.add_parser("embed", help="cache text-encoder embeddings of spans and box descriptors")
+    e = sub.add_parser("embed", help="cache text-encoder embeddings of spans and box descriptors",
+                       epilog="key=value overrides may follow, e.g. embed.max_spans=32 embed.device=cuda")
     e.add_argument("shard_dir")
     e.add_argument("--config", default=None)
     e.add_argument("--encoder", default=None, help="Hugging Face name/path (default all-MiniLM-L6-v2)")
     e.add_argument("--batch-size", type=int)
     e.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
-    e.add_argument("overrides", nargs="*", help="key=value config overrides")
     i = sub.add_parser("info", help="summarise a shard folder (pages, classes, skips, cache)")
     i.add_argument("shard_dir")
     return ap
@@ -116,7 +117,12 @@ def _info(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # key=value overrides may sit anywhere among the flags; argparse cannot interleave them with
+    # sub-command positionals, so they are taken out first
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    args = _parser().parse_args([a for a in argv if a not in overrides])
+    args.overrides = overrides
     try:
         return {"build": _build, "embed": _embed, "info": _info}[args.cmd](args)
     except DataError as e:

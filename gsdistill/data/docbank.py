@@ -33,7 +33,7 @@ from typing import Iterator
 from gsdistill.data.errors import DataError, SkipLog, ensure_log
 from gsdistill.data.images import load_image
 from gsdistill.data.labels import DOCBANK_CLASSES, to_doclaynet
-from gsdistill.data.pdf_layout import _BULLET, _inside, _union
+from gsdistill.data.pdf_layout import BULLET, centre_inside, union_box
 
 FIGURE_TOKEN = "##LTFigure##"
 _PSEUDO = re.compile(r"^##LT\w+##$")
@@ -80,7 +80,7 @@ def _lines(tokens: list[dict]) -> list[dict]:
             cy = (b[1] + b[3]) / 2
             if cur["label"] == t["label"] and lb[1] - 0.2 * h <= cy <= lb[3] + 0.2 * h and lb[2] - h <= b[0] <= lb[2] + 1.2 * h:
                 cur["tokens"].append(word)
-                cur["bbox"] = _union([lb, b])
+                cur["bbox"] = union_box([lb, b])
                 continue
         lines.append({"label": t["label"], "bbox": list(t["bbox"]), "tokens": [word]})
     return lines
@@ -95,7 +95,7 @@ def _joins(region: dict, line: dict, text: str) -> bool:
     overlap = min(rb[2], b[2]) - max(rb[0], b[0])
     same_col = overlap >= 0.5 * min(b[2] - b[0], rb[2] - rb[0])
     close = -h <= b[1] - rb[3] <= _GAP.get(line["label"], 1.2) * h or (b[1] < rb[3] and b[3] > rb[1])
-    new_entry = line["label"] in ("reference", "list") and (_ENTRY_START.match(text) or _BULLET.match(text))
+    new_entry = line["label"] in ("reference", "list") and (_ENTRY_START.match(text) or BULLET.match(text))
     return same_col and close and not new_entry
 
 
@@ -107,7 +107,7 @@ def _regions(lines: list[dict]) -> list[dict]:
         text = " ".join(w for w in ln["tokens"] if w)
         host = next((r for r in reversed(regions[-8:]) if _joins(r, ln, text)), None)
         if host is not None:
-            host["bbox"] = _union([host["bbox"], ln["bbox"]])
+            host["bbox"] = union_box([host["bbox"], ln["bbox"]])
             host["text"] = (host["text"] + " " + text).strip()
         else:
             regions.append({"label": ln["label"], "bbox": list(ln["bbox"]), "text": text})
@@ -134,7 +134,7 @@ def _merge_once(regions: list[dict]) -> list[dict]:
         if host is None:
             out.append(dict(r))
         else:
-            host["bbox"] = _union([host["bbox"], r["bbox"]])
+            host["bbox"] = union_box([host["bbox"], r["bbox"]])
             host["text"] = (host["text"] + " " + r["text"]).strip()
     return out
 
@@ -146,7 +146,7 @@ def group_tokens(tokens: list[dict]) -> list[dict]:
     figs = [r for r in regions if r["label"] == "figure"]
     out = []
     for r in regions:
-        host = next((f for f in figs if r is not f and _inside(r["bbox"], f["bbox"])), None)
+        host = next((f for f in figs if r is not f and centre_inside(r["bbox"], f["bbox"])), None)
         if host is None:
             out.append(r)
         else:  # tick labels and legends inside a figure (DocBank often labels them paragraph)

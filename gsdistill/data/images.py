@@ -16,6 +16,7 @@ CMYK, 16-bit and float images rescaled) and raises ``DataError`` for unreadable 
 """
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 from functools import partial
@@ -26,7 +27,7 @@ import numpy as np
 from PIL import Image, ImageSequence, UnidentifiedImageError
 
 from gsdistill.data.errors import DataError, SkipLog, ensure_log
-from gsdistill.data.pdf_layout import _BULLET, _CAPTION
+from gsdistill.data.pdf_layout import BULLET, CAPTION
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif"}
 OcrFn = Callable[[Image.Image], list]
@@ -72,25 +73,35 @@ def tesseract_available() -> bool:
     return shutil.which("tesseract") is not None
 
 
-def tesseract_ocr(image: Image.Image, lang: str = "eng", psm: int = 3, min_conf: float = 30.0) -> list[dict]:
-    """Words from Tesseract (``image_to_data``), grouped by (block, paragraph), confidence >= min_conf."""
+def tesseract_ocr(image: Image.Image, lang: str = "eng", psm: int = 3, min_conf: float = 30.0,
+                  min_width: int = 1200) -> list[dict]:
+    """Words from Tesseract (``image_to_data``), grouped by (block, paragraph), confidence >= min_conf.
+
+    Images narrower than ``min_width`` are upscaled first (Tesseract is trained on ~300 dpi text;
+    72 dpi page renders such as PubLayNet's lose most words otherwise); boxes are mapped back.
+    """
     import pytesseract
     if not tesseract_available():
         raise DataError("OCR needs the 'tesseract' program (Debian: apt install tesseract-ocr); not found on PATH")
+    # one OpenMP thread per Tesseract process: on shared CPUs its thread pool mostly spins
+    os.environ.setdefault("OMP_THREAD_LIMIT", "1")
+    scale = max(1.0, min_width / max(image.width, 1))
+    if scale > 1.0:
+        image = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.LANCZOS)
     data = pytesseract.image_to_data(image, lang=lang, config=f"--psm {psm}", output_type=pytesseract.Output.DICT)
     words = []
     for i, text in enumerate(data["text"]):
         text = (text or "").strip()
         if not text or float(data["conf"][i]) < min_conf:
             continue
-        x, y, w, h = (int(data[k][i]) for k in ("left", "top", "width", "height"))
-        words.append({"text": text, "bbox": [x, y, x + w, y + h],
+        x, y, w, h = (int(data[k][i]) / scale for k in ("left", "top", "width", "height"))
+        words.append({"text": text, "bbox": [round(x, 2), round(y, 2), round(x + w, 2), round(y + h, 2)],
                       "group": (data["block_num"][i], data["par_num"][i]), "line": data["line_num"][i]})
     return words
 
 
-def make_tesseract(lang: str = "eng", psm: int = 3, min_conf: float = 30.0) -> OcrFn:
-    return partial(tesseract_ocr, lang=lang, psm=psm, min_conf=min_conf)
+def make_tesseract(lang: str = "eng", psm: int = 3, min_conf: float = 30.0, min_width: int = 1200) -> OcrFn:
+    return partial(tesseract_ocr, lang=lang, psm=psm, min_conf=min_conf, min_width=min_width)
 
 
 def group_words(words: list[dict]) -> list[dict]:
@@ -115,9 +126,9 @@ def classify_ocr(paragraphs: list[dict]) -> list[str]:
     median = statistics.median(heights) if heights else 0.0
     cats = []
     for p, h in zip(paragraphs, heights):
-        if _CAPTION.match(p["text"]):
+        if CAPTION.match(p["text"]):
             cats.append("Caption")
-        elif _BULLET.match(p["text"]):
+        elif BULLET.match(p["text"]):
             cats.append("List-item")
         elif len(p["lines"]) <= 2 and median > 0 and h >= 1.3 * median:
             cats.append("Section-header")

@@ -63,25 +63,25 @@ def page_regions(page: pymupdf.Page) -> list[dict]:
     for b in data["blocks"]:
         lines = L.text_lines(b) if b.get("type", 0) == 0 else []
         if lines:
-            blocks.append({"lines": lines, "bbox": L._union(ln["bbox"] for ln in lines),
+            blocks.append({"lines": lines, "bbox": L.union_box(ln["bbox"] for ln in lines),
                            "text": " ".join(ln["text"] for ln in lines), "stats": L.block_stats(lines)})
     all_lines = [ln for b in blocks for ln in b["lines"]]
     drawings = page.get_drawings()
     images = [list(info["bbox"]) for info in page.get_image_info()]
     tables = L.find_tables(drawings, all_lines, h)
     if len(drawings) > MAX_DRAWINGS:
-        clusters = [L._union(d["rect"] for d in drawings)]
+        clusters = [L.union_box(d["rect"] for d in drawings)]
     else:
         clusters = [list(r) for r in page.cluster_drawings(drawings=drawings)] if drawings else []
     pictures = L.find_pictures(images, drawings, clusters, all_lines, w, h, tables)
-    pictures = [p for p in pictures if not any(L._inside(p, t) for t in tables)]
+    pictures = [p for p in pictures if not any(L.centre_inside(p, t) for t in tables)]
     body = L.body_size(blocks)
     largest = max((b["stats"]["size"] for b in blocks), default=0.0)
-    L.mark_margins([b for b in blocks if not any(L._inside(b["bbox"], r) for r in tables + pictures)], body, h)
+    L.mark_margins([b for b in blocks if not any(L.centre_inside(b["bbox"], r) for r in tables + pictures)], body, h)
     absorbed = {id(t): [] for t in tables + pictures}
     regions = []
     for b in blocks:
-        holder = next((r for r in tables + pictures if L._inside(b["bbox"], r)), None)
+        holder = next((r for r in tables + pictures if L.centre_inside(b["bbox"], r)), None)
         if holder is not None:
             absorbed[id(holder)].append(b["text"])
             continue
@@ -89,7 +89,7 @@ def page_regions(page: pymupdf.Page) -> list[dict]:
         cat = L.classify_text(b, body, w, h, page.number == 0)
         groups = L.split_list_items(b["lines"]) if cat == "List-item" else [b["lines"]]
         for g in groups:
-            regions.append({"category": cat, "bbox": L._union(ln["bbox"] for ln in g),
+            regions.append({"category": cat, "bbox": L.union_box(ln["bbox"] for ln in g),
                             "text": " ".join(ln["text"] for ln in g)})
     regions = L.merge_formulas(regions, body)
     L.demote_footnotes(regions)

@@ -21,7 +21,8 @@ PDF points. Every rule below is relative to the page so it works at any page siz
   with at most 2 lines.
 * **Footnote**: size <= 0.92 x body, in the bottom 35% of the page, starting with a superscript
   span or a footnote mark (digit, *, dagger, double dagger, section sign), with no other body
-  region below it in its column (numbered code lines in small type are not footnotes).
+  region below it in its column and under a quarter of its characters in a monospaced font
+  (numbered code lines in small type are not footnotes).
 * **List-item**: a line starting with a bullet glyph or an enumeration ("1.", "(a)", "iv)");
   a block holding several items is split into one region per item.
 * **Table**: >= 2 horizontal rules with matching left/right ends stacked within 40% of the page
@@ -45,21 +46,22 @@ MARGIN_BAND = 0.09
 MATH_SHARE = 0.4
 _MATH_FONT = re.compile(r"cmmi|cmsy|cmex|cmbsy|msam|msbm|math|symbol|eufm|rsfs|esint|stmary|wasy|mnsymbol|"
                         r"lmmono.*math|cambria math|mt ?extra|euler", re.I)
-_CAPTION = re.compile(r"^\s*(figure|fig\.|table|tab\.|listing|algorithm|scheme|chart)\s*([\dIVX]+|[A-Z])(\.\d+)*\s*[:.|\u2013\u2014]",
+CAPTION = re.compile(r"^\s*(figure|fig\.|table|tab\.|listing|algorithm|scheme|chart)\s*([\dIVX]+|[A-Z])(\.\d+)*\s*[:.|\u2013\u2014]",
                       re.I)
-_BULLET = re.compile(r"^\s*([\u2022\u25e6\u25aa\u25cf\u25cb\u2023\u2043\u2219\u00b7\u2013\u2014\u25a0\u25a1\u27a2\u2192\u22c4*\-]"
+BULLET = re.compile(r"^\s*([\u2022\u25e6\u25aa\u25cf\u25cb\u2023\u2043\u2219\u00b7\u2013\u2014\u25a0\u25a1\u27a2\u2192\u22c4*\-]"
                      r"|\(?\d{1,2}[.)]\s|\(?[a-h][.)]\s|\(?(i|ii|iii|iv|v|vi|vii|viii|ix|x)[.)]\s)")
 _EQ_NUMBER = re.compile(r"^\(\s*\d+(\.\d+)*[a-z]?\s*\)$")
 _EQ_NUMBER_END = re.compile(r"\(\s*\d+(\.\d+)*[a-z]?\s*\)$")
+_MONO_FONT = re.compile(r"cmtt|sfmono|mono|courier|typewriter|lmtt|inconsolata|\btt", re.I)
 _FOOT_MARK = re.compile(r"^\s*([\d*\u2020\u2021\u00a7\u00b6]|\u2217)")
 
 
-def _union(rects) -> list[float]:
+def union_box(rects) -> list[float]:
     rects = list(rects)
     return [min(r[0] for r in rects), min(r[1] for r in rects), max(r[2] for r in rects), max(r[3] for r in rects)]
 
 
-def _inside(inner, outer, tol: float = 2.0) -> bool:
+def centre_inside(inner, outer, tol: float = 2.0) -> bool:
     cx, cy = (inner[0] + inner[2]) / 2, (inner[1] + inner[3]) / 2
     return outer[0] - tol <= cx <= outer[2] + tol and outer[1] - tol <= cy <= outer[3] + tol
 
@@ -81,7 +83,7 @@ def text_lines(block: dict) -> list[dict]:
 
 
 def block_stats(lines: list[dict]) -> dict:
-    sizes, n, math, bold = Counter(), 0, 0, 0
+    sizes, n, math, bold, mono = Counter(), 0, 0, 0, 0
     for line in lines:
         for s in line["spans"]:
             k = len(s["text"].strip())
@@ -89,10 +91,17 @@ def block_stats(lines: list[dict]) -> dict:
             sizes[round(s["size"] * 2) / 2] += k
             math += k if _MATH_FONT.search(s.get("font", "")) else 0
             bold += k if (s.get("flags", 0) & 16 or "bold" in s.get("font", "").lower()) else 0
+            mono += k if (s.get("flags", 0) & 8 or _MONO_FONT.search(s.get("font", ""))) else 0
     size = sizes.most_common(1)[0][0] if sizes else 0.0
     first = lines[0]["spans"][0] if lines else {}
-    return {"chars": max(n, 1), "size": size, "math": math / max(n, 1), "bold": bold / max(n, 1),
+    return {"chars": max(n, 1), "size": size, "math": math / max(n, 1), "bold": bold / max(n, 1), "mono": mono / max(n, 1),
             "superscript_start": bool(first.get("flags", 0) & 1)}
+
+
+def st_rows(lines: list[dict]) -> int:
+    """Visual lines of a block: pymupdf makes a separate 'line' of each piece on one baseline."""
+    centres = sorted((ln["bbox"][1] + ln["bbox"][3]) / 2 for ln in lines)
+    return sum(1 for i, c in enumerate(centres) if i == 0 or c - centres[i - 1] > 2.0)
 
 
 def body_size(blocks: list[dict]) -> float:
@@ -106,14 +115,14 @@ def body_size(blocks: list[dict]) -> float:
 
 def classify_text(block: dict, body: float, page_w: float, page_h: float, first_page: bool) -> str:
     """DocLayNet class of one text block (see the module docstring for the rules)."""
-    st, text, n_lines = block["stats"], block["text"], len(block["lines"])
+    st, text, n_lines = block["stats"], block["text"], st_rows(block["lines"])
     x0, y0, x1, y1 = block["bbox"]
     short = n_lines <= 2 and len(text) <= 80 and st["size"] <= body * 1.1
     if short and (y1 <= page_h * MARGIN_BAND or block.get("margin") == "top"):
         return "Page-header"
     if short and (y0 >= page_h * (1 - MARGIN_BAND) or block.get("margin") == "bottom"):
         return "Page-footer"
-    if _CAPTION.match(text):
+    if CAPTION.match(text):
         return "Caption"
     eq_line = any(_EQ_NUMBER_END.search(ln["text"]) for ln in block["lines"])
     if st["math"] >= MATH_SHARE or _EQ_NUMBER.match(text) or (st["math"] >= 0.15 and eq_line):
@@ -122,9 +131,10 @@ def classify_text(block: dict, body: float, page_w: float, page_h: float, first_
         return "Title"
     if n_lines <= 3 and len(text) <= 160 and (st["size"] >= body * 1.12 or (st["bold"] >= 0.8 and n_lines <= 2)):
         return "Section-header"
-    if st["size"] <= body * 0.92 and y0 >= page_h * 0.65 and (st["superscript_start"] or _FOOT_MARK.match(text)):
+    if st["size"] <= body * 0.92 and y0 >= page_h * 0.65 and st["mono"] < 0.25 and \
+            (st["superscript_start"] or _FOOT_MARK.match(text)):
         return "Footnote"
-    if _BULLET.match(text):
+    if BULLET.match(text):
         return "List-item"
     return "Text"
 
@@ -133,7 +143,7 @@ def split_list_items(lines: list[dict]) -> list[list[dict]]:
     """Lines of one block -> one group per list item (a new item starts at a bullet/number line)."""
     groups: list[list[dict]] = []
     for line in lines:
-        if not groups or _BULLET.match(line["text"]):
+        if not groups or BULLET.match(line["text"]):
             groups.append([line])
         else:
             groups[-1].append(line)
@@ -153,7 +163,7 @@ def _columns_inside(region, lines: list[dict], min_rows: int = 2) -> bool:
     """True when text inside ``region`` forms >= 2 columns on >= ``min_rows`` rows."""
     pieces = []
     for line in lines:
-        if not _inside(line["bbox"], region):
+        if not centre_inside(line["bbox"], region):
             continue
         for s in line["spans"]:
             pieces.append(s["bbox"])
@@ -183,7 +193,7 @@ def find_tables(drawings: list[dict], lines: list[dict], page_h: float) -> list[
                 if s[1] - group[-1][1] > 3:  # a double rule counts once
                     group.append(s)
                 used.add(j)
-        region = _union(group)
+        region = union_box(group)
         if len(group) >= 2 and _columns_inside(region, lines):
             tables.append(region)
     return tables
@@ -195,11 +205,11 @@ def find_pictures(image_rects: list[list[float]], drawings: list[dict], clusters
     pics = [r for r in image_rects if r[2] - r[0] >= 16 and r[3] - r[1] >= 16]
     for c in clusters:
         w, h = c[2] - c[0], c[3] - c[1]
-        if w < 30 or h < 30 or _area(c) < 0.01 * page_w * page_h or any(_inside(c, t) for t in tables):
+        if w < 30 or h < 30 or _area(c) < 0.01 * page_w * page_h or any(centre_inside(c, t) for t in tables):
             continue
-        members = [d for d in drawings if _inside(d["rect"], c, tol=0.5)]
+        members = [d for d in drawings if centre_inside(d["rect"], c, tol=0.5)]
         rects_only = all(all(item[0] == "re" for item in d.get("items", [])) for d in members)
-        text_area = sum(_area(ln["bbox"]) for ln in lines if _inside(ln["bbox"], c))
+        text_area = sum(_area(ln["bbox"]) for ln in lines if centre_inside(ln["bbox"], c))
         if rects_only and len(members) <= 6 and text_area >= 0.3 * _area(c):
             continue  # a frame or shaded background behind text, not a picture
         pics.append(list(c))
@@ -215,7 +225,7 @@ def _merge_overlapping(rects: list[list[float]]) -> list[list[float]]:
             for j in range(i + 1, len(rects)):
                 a, b = rects[i], rects[j]
                 if a[0] <= b[2] and b[0] <= a[2] and a[1] <= b[3] and b[1] <= a[3]:
-                    rects[i] = _union([a, b])
+                    rects[i] = union_box([a, b])
                     del rects[j]
                     merged = True
                     break
@@ -284,7 +294,7 @@ def merge_formulas(regions: list[dict], body: float) -> list[dict]:
         g = groups.get(find(i)) if i in parent else None
         if g and len(g) > 1 and any(regions[j]["category"] == "Formula" for j in g):
             parts = sorted((regions[j] for j in g), key=lambda q: (q["bbox"][1], q["bbox"][0]))
-            out.append({"category": "Formula", "bbox": _union(q["bbox"] for q in parts),
+            out.append({"category": "Formula", "bbox": union_box(q["bbox"] for q in parts),
                         "text": " ".join(q["text"] for q in parts)})
             done.update(g)
         else:

@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--coco", help="a COCO layout json (with --images)")
     src.add_argument("--release", help="an official DocLayNet or PubLayNet release folder (with --dataset)")
     src.add_argument("--synthetic", type=int, metavar="N", help="N synthetic pages (gsdistill.data.synthetic)")
+    src.add_argument("--docbank", help="DocBank folder (token .txt + page images): tokens grouped into region boxes")
+    src.add_argument("--shards", help="a page-tuple shard dir (gsdistill tuples build ...)")
     c.add_argument("--images", help="image folder of --coco")
     c.add_argument("--dataset", choices=CLASS_SETS, help="layout of --release")
     c.add_argument("--names", help="doclaynet | publaynet | comma-separated names (default: doclaynet, or the "
@@ -63,6 +65,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _page_source(args):
+    """Page tuples of --synthetic / --docbank / --shards (boxes already in DocLayNet classes)."""
+    if args.docbank:
+        from gsdistill.data.docbank import docbank_pages
+        return docbank_pages(args.docbank)
+    if args.shards:
+        from gsdistill.data.shards import read_pages
+        return read_pages(args.shards, embeddings=False)
+    from gsdistill.data.synthetic import generate_pages
+    return generate_pages(args.synthetic, seed=args.seed, width=args.size[0], height=args.size[1])
+
+
 def _convert(args) -> int:
     from gsdistill.data.labels import PUBLAYNET_TO_DOCLAYNET
     from gsdistill.detect import convert
@@ -82,9 +96,8 @@ def _convert(args) -> int:
         path = convert.convert_release(args.release, args.dataset, args.out, names=names,
                                        category_map=cmap, missing_images=missing)
     else:
-        from gsdistill.data.synthetic import generate_pages
-        pages = generate_pages(args.synthetic, seed=args.seed, width=args.size[0], height=args.size[1])
-        path = convert.pages_to_yolo(pages, args.out, val_fraction=args.val_fraction, seed=args.seed, names=names)
+        path = convert.pages_to_yolo(_page_source(args), args.out, val_fraction=args.val_fraction, seed=args.seed,
+                                     names=names)
     manifest = json.loads((Path(args.out) / "manifest.json").read_text())
     for split, st in manifest["splits"].items():
         print(f"{split}: {st['images']} images, {st['boxes']} boxes, {len(st['skipped'])} skipped")

@@ -80,7 +80,8 @@ def export_detector(backbone_dir: Path | None, names: list[str], cfg: DictConfig
 def train_args(cfg: DictConfig, data_yaml: str, run_dir: Path) -> dict:
     """Ultralytics ``train()`` keyword arguments from the gsdistill config."""
     args = {k: cfg[k] for k in ("epochs", "imgsz", "batch", "workers", "optimizer", "lr0", "lrf", "weight_decay",
-                                "warmup_epochs", "cos_lr", "seed", "amp", "patience", "save_period", "plots")}
+                                "warmup_epochs", "cos_lr", "seed", "amp", "patience", "save_period", "plots",
+                                "cache")}
     args.update(to_dict(cfg.augment))
     args.update(data=str(data_yaml), device=resolve_device(cfg.device), project=str(run_dir.parent),
                 name=run_dir.name, exist_ok=True, val=bool(cfg.val_during_training), deterministic=True,

@@ -287,8 +287,15 @@ def evaluate_page_retrieval(model, pages: Iterable[dict], text_encoder=None, cfg
         gal_emb = embed_gallery(model, images, device, int(c["batch_size"]), progress)
     else:
         raise ValueError(f"gallery_side must be 'image' or 'text', got {c['gallery_side']!r}")
-    crop_emb = embed([t for g in gallery for t in g["crops"]])
+    # only crops some (k, seed) samples are encoded; the rest of crop_emb stays zero, never read
+    picks_all = {(int(k), int(seed)): sample_crops([len(g["crops"]) for g in gallery], int(k), int(seed))
+                 for k in c["ks"] for seed in c["seeds"]}
     offsets = np.cumsum([0] + [len(g["crops"]) for g in gallery])
+    used = np.unique(np.concatenate([offsets[q] + p for picks in picks_all.values() for q, p in enumerate(picks)]))
+    flat = [t for g in gallery for t in g["crops"]]
+    sampled = embed([flat[i] for i in used])
+    crop_emb = torch.zeros(len(flat), sampled.shape[1])
+    crop_emb[torch.from_numpy(used)] = sampled
     qrels = {pid: {pid: 1} for pid in page_ids}
     depth = int(c["run_depth"])
     per_seed: dict = {s: {} for s in c["scorings"]}
@@ -296,7 +303,7 @@ def evaluate_page_retrieval(model, pages: Iterable[dict], text_encoder=None, cfg
     crops_used = {}
     for k in c["ks"]:
         for seed in c["seeds"]:
-            picks = sample_crops([len(g["crops"]) for g in gallery], int(k), int(seed))
+            picks = picks_all[int(k), int(seed)]
             crops_used[k] = float(np.mean([len(p) for p in picks]))
             for scoring in c["scorings"]:
                 if scoring == "multi_positive":
@@ -321,5 +328,5 @@ def evaluate_page_retrieval(model, pages: Iterable[dict], text_encoder=None, cfg
             "chance_acc1": 1.0 / n, "search": "faiss+rescore" if use_faiss else "exact",
             "aggregation": c["aggregation"], "temperature": float(c["temperature"]),
             "image_size": size, "n_docs": len({g["doc_id"] for g in gallery}),
-            "gallery_spread": embedding_spread(gal_emb), "crop_spread": embedding_spread(crop_emb),
+            "gallery_spread": embedding_spread(gal_emb), "crop_spread": embedding_spread(sampled),
             "hits_at_1": hits, "page_ids": page_ids, **counts}
