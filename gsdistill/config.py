@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -57,11 +58,25 @@ def _check_keys(base: DictConfig, extra: DictConfig, source: str, prefix: str = 
             raise ConfigError(f"{source}: '{full}' is a value in the defaults, not a section")
 
 
+_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def _coerce(value):
+    """YAML 1.1 reads ``1e-4`` (no dot) as a string; every config means the number."""
+    if isinstance(value, str) and _FLOAT.match(value.strip()):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _coerce(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_coerce(v) for v in value]
+    return value
+
+
 def _read_yaml(path: Path) -> DictConfig:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = _coerce(yaml.safe_load(path.read_text()) or {})
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(data, dict):
@@ -92,7 +107,7 @@ def parse_overrides(overrides: Iterable[str]) -> list[tuple[str, object]]:
         if not key:
             raise ConfigError(f"override '{item}' has an empty key")
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = _coerce(yaml.safe_load(raw)) if raw != "" else ""
         except yaml.YAMLError as e:
             raise ConfigError(f"override '{item}': value is not valid YAML ({e})") from None
         out.append((key, value))

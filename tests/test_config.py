@@ -51,6 +51,8 @@ def test_override_values_are_parsed_not_evaluated(tree):
     cfg = load_config("toy", None, ["model.name=__import__('os').system('false')"])
     assert cfg.model.name == "__import__('os').system('false')"
     assert parse_overrides(["a=1", "b=true", "c=null", "d=x=y"]) == [("a", 1), ("b", True), ("c", None), ("d", "x=y")]
+    # YAML 1.1 would read 1e-4 as a string; configs always mean the number
+    assert parse_overrides(["lr=1e-4", "x=[2E3, 5]", "name=1e-4x"]) == [("lr", 1e-4), ("x", [2000.0, 5]), ("name", "1e-4x")]
     with pytest.raises(ConfigError, match="key=value"):
         parse_overrides(["novalue"])
 

@@ -45,6 +45,9 @@ class TextEncoder:
     def __init__(self, name_or_path: str | None = None, device: str | torch.device = "cpu",
                  max_length: int = 256, normalize: bool = True):
         from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a weight-loading bar per encoder load is noise in every log
 
         self.name = name_or_path or DEFAULT_ENCODER
         path = resolve_encoder(name_or_path)
