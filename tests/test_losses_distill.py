@@ -148,3 +148,13 @@ def test_koleo_hybrid_matches_eq1():
     assert out.item() == pytest.approx(1.0) and torch.isfinite(dup.grad).all()
     with pytest.raises(ValueError, match="multiple of n_views"):
         loss(x[:5])
+
+
+def test_sinkhorn_exp_and_log_domains_agree(monkeypatch):
+    import gsdistill.losses.centering as centering
+    logits = torch.randn(16, 300, dtype=torch.float64) * 0.5  # span/T ~ 40: the exp-domain path
+    fast = sinkhorn_knopp(logits, 0.1, n_iters=3)
+    monkeypatch.setattr(centering, "_EXP_SAFE_SPAN", -1.0)  # force the log-domain path
+    slow = sinkhorn_knopp(logits, 0.1, n_iters=3)
+    assert torch.allclose(fast, slow, rtol=1e-10, atol=1e-14)
+    assert torch.allclose(fast, reference_sinkhorn(logits, 0.1, 3), rtol=1e-10, atol=1e-14)

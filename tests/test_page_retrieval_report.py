@@ -57,7 +57,7 @@ def test_check_held_out_names_shared_documents():
 
 
 def test_split_shards_round_trip(tmp_path):
-    shards = pytest.importorskip("gsdistill.data.shards")
+    from gsdistill.data import shards
     pages = _pages(24)
     for p in pages:
         p["source"] = "test"

@@ -38,23 +38,48 @@ def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3)
     divided by its sum and by K, each sample column by its sum and by B_global; finally ``Q * B``,
     transposed. DINOv2 / SwAV; paper 003 Table A2 (3 iterations, teacher temperature 0.04).
     After the last step every sample's row sums to 1 and each prototype's mass tends to B/K.
-    Same arithmetic in the log domain (each division is a subtraction of a logsumexp; the first
-    total normalisation is absorbed exactly by the first prototype normalisation), in float32
-    (float64 if given): no overflow or underflow however large ``t / T`` is.
+    Computed in float32 (float64 if given). When ``(max t - min t) / T <= 60`` (the usual case: the
+    DINO head's last layer is weight-normalised, so its logits are bounded) it runs in the exp
+    domain after subtracting the global max, as DINOv2 does; otherwise the same arithmetic runs in
+    the log domain (each division a logsumexp subtraction), so no input overflows or underflows.
     """
     check_scores("sinkhorn_knopp", teacher_logits)
     if temperature <= 0 or n_iters < 1:
         raise ValueError(f"sinkhorn_knopp: need temperature > 0 and n_iters >= 1, got "
                          f"{temperature}, {n_iters}")
     dtype = torch.float64 if teacher_logits.dtype == torch.float64 else torch.float32
-    log_q = teacher_logits.detach().to(dtype) / temperature  # [B, K]: log Q^T up to a constant
-    n_protos = log_q.shape[1]
-    n_global = int(all_reduce_sum(torch.tensor(log_q.shape[0], device=log_q.device)).item())
+    x = teacher_logits.detach().to(dtype)
+    n_protos = x.shape[1]
+    n_global = int(all_reduce_sum(torch.tensor(x.shape[0], device=x.device)).item())
+    peak = _all_reduce_max(x.max())
+    span = (peak + _all_reduce_max(-x.min())) / temperature
+    if float(span) <= _EXP_SAFE_SPAN:
+        return _sinkhorn_exp(x, peak, temperature, n_iters, n_protos, n_global).to(teacher_logits.dtype)
+    log_q = x / temperature  # [B, K]: log Q^T up to a constant
     log_k, log_b = math.log(n_protos), math.log(n_global)
     for _ in range(n_iters):
         log_q = log_q - _global_logsumexp_over_batch(log_q) - log_k
         log_q = log_q - torch.logsumexp(log_q, dim=1, keepdim=True) - log_b
     return torch.exp(log_q + log_b).to(teacher_logits.dtype)
+
+
+# exp(-60) ~ 9e-27: after the divisions by K and B (~1e8 at paper scale) entries stay well above
+# float32's smallest normal, so the exp domain is exact; wider logit ranges use the log domain.
+_EXP_SAFE_SPAN = 60.0
+
+
+def _sinkhorn_exp(x: Tensor, peak: Tensor, temperature: float, n_iters: int, n_protos: int,
+                  n_global: int) -> Tensor:
+    """DINOv2's form: one exp pass, then in-place divisions (~10x cheaper than two logsumexps
+    per iteration on CPU). Caller guarantees ``(max t - min t) / T <= _EXP_SAFE_SPAN``."""
+    q = torch.exp((x - peak) / temperature)  # [B, K]; max entry 1, min >= exp(-span)
+    q /= all_reduce_sum(q.sum())
+    for _ in range(n_iters):
+        q /= all_reduce_sum(q.sum(dim=0, keepdim=True))
+        q /= n_protos
+        q /= q.sum(dim=1, keepdim=True)
+        q /= n_global
+    return q.mul_(n_global)
 
 
 class TeacherCentering(nn.Module):

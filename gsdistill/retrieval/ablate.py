@@ -179,12 +179,12 @@ def run_ablation(cfg, wanted: list[str] | None = None) -> Path:
     rows = select_rows(to_dict(cfg.rows), wanted)
     csv_path = out_dir / "results.csv"
     done = {(r["experiment"], str(r["seed"])) for r in read_results(csv_path)}
-    todo = [(row, int(s)) for row in rows for s in cfg.seeds if (row["experiment"], str(s)) not in done]
+    pending = [(row, int(s)) for row in rows for s in cfg.seeds if (row["experiment"], str(s)) not in done]
     scale = "; ".join(list(cfg.pretrain_overrides) + list(cfg.detect.overrides))
-    if todo:
+    if pending:
         data_yaml, eval_pages = detection_set(cfg, out_dir), retrieval_pages(cfg)
-    for i, (row, seed) in enumerate(todo):
-        print(f"[ablate] {i + 1}/{len(todo)}: {row['label']} (seed {seed})", file=sys.stderr)
+    for i, (row, seed) in enumerate(pending):
+        print(f"[ablate] {i + 1}/{len(pending)}: {row['label']} (seed {seed})", file=sys.stderr)
         _append(csv_path, run_row(row, seed, cfg, out_dir, data_yaml, eval_pages))
         agg = aggregate(read_results(csv_path), rows)
         (out_dir / "table.md").write_text(markdown(agg, scale))
