@@ -91,3 +91,15 @@ def test_export_reloads_in_a_new_process(backbone_dir, tmp_path):
     y = y[0] if isinstance(y, (list, tuple)) else y
     assert res["shape"] == list(y.shape)
     assert res["sum"] == pytest.approx(float(y.double().sum()), rel=1e-5)
+
+
+def test_importing_detect_keeps_pil_open_offline(tmp_path):
+    """Ultralytics patches PIL.Image.open to pip-install pi-heif on unreadable images; we undo it."""
+    import PIL.Image
+    import pytest
+
+    import gsdistill.detect  # noqa: F401
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    with pytest.raises(PIL.UnidentifiedImageError):
+        PIL.Image.open(broken)

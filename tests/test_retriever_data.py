@@ -11,7 +11,7 @@ from gsdistill.retrievers.dpr import load_dpr
 from gsdistill.retrievers.loading import load_retrieval_data, split_folds, train_test_queries
 from gsdistill.retrievers.noise import inject_label_noise
 from gsdistill.retrievers.tevatron import load_tevatron
-from test_retriever_common import tiny_beir, write_beir  # noqa: F401  (fixture)
+from retriever_fixtures import tiny_beir, write_beir  # noqa: F401  (fixture)
 
 
 @pytest.mark.parametrize("header", [True, False])

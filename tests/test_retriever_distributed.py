@@ -15,7 +15,7 @@ from gsdistill.retrievers.groups import GroupSampler
 from gsdistill.retrievers.model import DualEncoder
 from gsdistill.retrievers.objective import loss_from_embeddings, step_inputs
 from gsdistill.retrievers.train import sync_gradients
-from test_retriever_common import tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
+from retriever_fixtures import tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
 
 
 def batch_grads(model, groups, data) -> dict[str, torch.Tensor]:

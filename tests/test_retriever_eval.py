@@ -10,7 +10,7 @@ from gsdistill.retrievers.beir import load_beir
 from gsdistill.retrievers.cli import main
 from gsdistill.retrievers.evaluate import evaluate_retriever, read_trec_run
 from gsdistill.retrievers.model import DualEncoder
-from test_retriever_common import tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
+from retriever_fixtures import tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
 
 
 def test_evaluate_writes_a_run_file_that_pytrec_eval_scores_the_same(tiny_beir, tiny_encoder, tmp_path):

@@ -6,7 +6,7 @@ import torch
 
 from gsdistill.retrievers.beir import load_beir
 from gsdistill.retrievers.groups import GroupSampler, batches, candidate_labels
-from test_retriever_common import tiny_beir  # noqa: F401  (fixture)
+from retriever_fixtures import tiny_beir  # noqa: F401  (fixture)
 
 
 def test_groups_respect_g_m_and_keep_grades(tiny_beir):

@@ -12,7 +12,7 @@ from gsdistill.retrievers.beir import load_beir
 from gsdistill.retrievers.model import DualEncoder
 from gsdistill.retrievers.objective import grad_cache_backward, loss_from_embeddings, step_inputs
 from gsdistill.retrievers.train import RetrieverTrainer, build_model
-from test_retriever_common import retriever_cfg, tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
+from retriever_fixtures import retriever_cfg, tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
 
 
 def batch_loss(trainer: RetrieverTrainer, loss_name: str = "sum_marg_lh") -> float:

@@ -7,5 +7,20 @@
 - ``evaluate``: Ultralytics mAP + pycocotools COCOeval from the same predictions.
 - ``predict``: JSON + drawn PNG per page of a PDF / image / folder.
 - ``cli``: ``gsdistill detect {convert,export,train,val,predict}``.
-Importing this package imports nothing heavy; Ultralytics loads with the submodules that need it.
+Importing this package imports Ultralytics once and undoes its global ``PIL.Image.open`` patch (below).
 """
+
+
+def _restore_pil_open() -> None:
+    """Undo Ultralytics' global ``PIL.Image.open`` patch: on any unreadable image it tries to
+    pip-install ``pi-heif`` (a network call at run time) and then fails with ModuleNotFoundError,
+    which hides the real "unreadable image" error from every other part of gsdistill."""
+    from PIL import Image
+    from ultralytics.utils import patches
+
+    original = getattr(patches, "_image_open", None)
+    if original is not None and Image.open is not original:
+        Image.open = original
+
+
+_restore_pil_open()
