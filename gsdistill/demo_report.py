@@ -15,7 +15,7 @@ def _rel(path: str | Path, out: Path) -> str:
 
 
 def _fmt(v) -> str:
-    return "–" if v is None else f"{100 * float(v):.1f}"
+    return "–" if v is None else f"{100 * float(v):.2f}"
 
 
 def loss_table(metrics_csv: Path) -> tuple[str, dict]:

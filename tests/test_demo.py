@@ -30,7 +30,7 @@ def test_report_has_every_section_with_numbers(demo_run):
     assert len(images) >= 4
     for rel in images:
         assert (out / rel).is_file(), rel
-    assert re.search(r"\| mAP@50 \(%\) \| \d+\.\d \| \d+\.\d \|", text)
+    assert re.search(r"\| mAP@50 \(%\) \| \d+\.\d\d \| \d+\.\d\d \|", text)
     assert re.search(r"\| pretrained \(full objective\) \| per crop \(multi-positive\) \| \d+\.\d ± \d+\.\d", text)
 
 
