@@ -139,7 +139,7 @@ def _fill_column(p: _Page, x: float, y: float, width: float, bottom: float, coun
                 px = x + (width - pw) / 2
                 draw_picture(p.draw, rng, px, y, px + pw, y + h)
                 p.add("Picture", [px, y, px + pw, y + h], None)
-                y = p.text_block("Caption", caption, x, y + gap * 0.5, width, cap_size)
+                y = p.text_block("Caption", caption, x, y + h + gap * 0.5, width, cap_size)
         elif kind == "formula":
             if room < p.body * 4:
                 break
