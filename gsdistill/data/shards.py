@@ -1,23 +1,20 @@
-"""Sharded page-tuple store in WebDataset layout, and the stream that reads it back.
+"""Page-tuple store: WebDataset-layout tar shards plus a manifest.
 
-A shard ``shard-000000.tar`` holds, per page key ``000000042``: ``.png`` or ``.jpg`` (RGB), ``.json``
-(everything else of the tuple) and, once ``text_cache.embed_shards`` ran, ``.sem.npy``,
-``.geom.npy``, ``.sp_sem.npy``, ``.sp_joint.npy``. ``manifest.json`` beside the shards records
-counts per class, pages per shard, and every skipped input with its reason.
+Layout of ``out_dir``::
 
-Splitting: consumer ``c = rank * num_workers + worker`` of ``C``. With at least ``C`` shards each
-consumer reads whole shards (``shards[c::C]``); with fewer, every consumer reads all shards and keeps
-samples whose block index ``(i // batch_size) % C == c``. Resuming: ``skip`` samples already consumed
-by this rank; each worker skips its block-round-robin share, which is exact when the DataLoader's
-batch size equals ``batch_size`` (the DataLoader takes one batch per worker in turn).
+    shard-000000.tar     <key>.png|jpg (page image), <key>.json (everything but the image)
+    manifest.json        counts per class, pages per shard, every skipped input with its reason
+    embeddings/          optional cached text embeddings (gsdistill.data.text_cache), one .npz per shard
+
+The tar members of one page are consecutive, as WebDataset expects, so the same shards stream
+from local disk or object storage with any WebDataset reader. ``ShardDataset`` streams them back,
+split by rank and DataLoader worker, with a seeded shuffle buffer, resumable, images decoded lazily.
 """
 from __future__ import annotations
 
 import io
 import json
-import math
-import os
-import random
+import re
 import tarfile
 import time
 from collections import Counter
@@ -27,277 +24,237 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 from PIL import Image
+from torch.utils.data import IterableDataset, get_worker_info
 from tqdm import tqdm
 
 from gsdistill.data.errors import DataError, SkipLog
-from gsdistill.data.labels import DOCLAYNET_CLASSES
-from gsdistill.data.page import validate_page
 
+FORMAT = "gsdistill-shards/1"
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
-EMBEDDING_FIELDS = {"sem.npy": "sem_emb", "geom.npy": "geom_emb", "sp_sem.npy": "sp_sem_emb", "sp_joint.npy": "sp_joint_emb"}
-_IMAGE_EXTS = ("png", "jpg")
 
 
-def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def sample_key(page_id: str) -> str:
+    """WebDataset keys may not contain dots or slashes (they separate key and extension)."""
+    return re.sub(r"[^A-Za-z0-9_\-]", "_", str(page_id))
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), 0, 0o644
+    info.size, info.mtime = len(data), 0  # fixed mtime: identical inputs give identical shards
     tar.addfile(info, io.BytesIO(data))
 
 
-def encode_image(img: Image.Image, fmt: str) -> bytes:
+def _image_bytes(image: Image.Image, fmt: str, quality: int) -> bytes:
     buf = io.BytesIO()
+    image = image.convert("RGB")
     if fmt == "png":
-        img.save(buf, "PNG", compress_level=1)   # level 1: ~4x faster than the default, ~2x larger
+        image.save(buf, format="PNG", compress_level=1)  # fast: shards are written often, read more
     else:
-        img.save(buf, "JPEG", quality=92)
+        image.save(buf, format="JPEG", quality=quality)
     return buf.getvalue()
 
 
-def page_members(page: dict, key: str, image_format: str = "png") -> dict[str, bytes]:
-    """The tar members (extension -> bytes) of one page."""
-    meta = {k: v for k, v in page.items() if k != "image" and k not in EMBEDDING_FIELDS.values()}
-    members = {image_format: encode_image(page["image"].convert("RGB"), image_format),
-               "json": json.dumps(meta, ensure_ascii=False).encode()}
-    for ext, field in EMBEDDING_FIELDS.items():
-        if page.get(field) is not None:
-            buf = io.BytesIO()
-            np.save(buf, np.asarray(page[field], dtype=np.float32), allow_pickle=False)
-            members[ext] = buf.getvalue()
-    return members
+def page_json(page: dict) -> dict:
+    return {k: v for k, v in page.items() if k != "image" and not k.endswith("_emb")}
 
 
-def _empty_manifest(pages_per_shard: int, image_format: str) -> dict:
-    return {"format_version": FORMAT_VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "pages": 0, "spans": 0, "pages_per_shard": pages_per_shard, "image_format": image_format,
-            "shards": [], "class_counts": {c: 0 for c in DOCLAYNET_CLASSES},
-            "pages_with_class": {c: 0 for c in DOCLAYNET_CLASSES}, "pages_without_spans": 0,
-            "sources": {}, "skipped": [], "skipped_count": 0, "skipped_by_reason": {}, "text_cache": None}
+def write_shards(pages: Iterable[dict], out_dir: str | Path, pages_per_shard: int = 256,
+                 image_format: str = "png", jpeg_quality: int = 90, skips: SkipLog | None = None,
+                 progress: bool = True, total: int | None = None) -> dict:
+    """Write ``pages`` as shards + manifest into ``out_dir``; return the manifest.
 
-
-def write_shards(pages: Iterable[dict], out_dir: str | os.PathLike, pages_per_shard: int = 256,
-                 image_format: str = "png", skips: SkipLog | None = None, progress: bool = True,
-                 total: int | None = None) -> dict:
-    """Write ``pages`` into ``out_dir/shard-NNNNNN.tar`` + ``manifest.json``; return the manifest.
-
-    ``skips`` is the SkipLog the builders filled while ``pages`` was consumed; it goes into the
-    manifest. A page that breaks the tuple contract raises DataError (a builder bug, not bad input).
+    ``skips``: the builders' skip log; its entries (input, reason) are copied into the manifest.
+    Pages without an image or without any text span are themselves skipped and recorded.
     """
-    if image_format not in _IMAGE_EXTS:
-        raise ValueError(f"image_format must be one of {_IMAGE_EXTS}, got '{image_format}'")
-    if pages_per_shard < 1:
-        raise ValueError("pages_per_shard must be >= 1")
+    if image_format not in ("png", "jpg"):
+        raise ValueError(f"image_format must be png or jpg, got {image_format!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("shard-*.tar"):
         old.unlink()
-    man = _empty_manifest(pages_per_shard, image_format)
-    sources: Counter = Counter()
-    tar, tmp, count_in_shard = None, None, 0
+    local_skips = SkipLog()
+    shards, classes, pages_with = [], Counter(), Counter()
+    sources, docs, seen = Counter(), set(), set()
+    n_spans = 0
+    tar, count = None, 0
 
-    def close_shard():
-        tar.close()
-        os.replace(tmp, out / man["shards"][-1]["file"])
+    def close():
+        nonlocal tar
+        if tar is not None:
+            tar.close()
+            tmp = out / (shards[-1]["name"] + ".tmp")
+            tmp.replace(out / shards[-1]["name"])
+            tar = None
 
-    for index, page in enumerate(tqdm(pages, total=total, desc="writing shards", unit="page", disable=not progress)):
-        validate_page(page)
-        if tar is None or count_in_shard == pages_per_shard:
-            if tar is not None:
-                close_shard()
-            name = f"shard-{len(man['shards']):06d}.tar"
-            tmp = out / (name + ".tmp")
-            tar, count_in_shard = tarfile.open(tmp, "w"), 0
-            man["shards"].append({"file": name, "pages": 0})
-        for ext, data in page_members(page, f"{index:09d}", image_format).items():
-            _add_member(tar, f"{index:09d}.{ext}", data)
-        count_in_shard += 1
-        man["shards"][-1]["pages"] += 1
-        man["pages"] += 1
-        man["spans"] += len(page["spans"])
-        man["pages_without_spans"] += not page["spans"]
-        for b in page["boxes"]:
-            man["class_counts"][b["category"]] += 1
-        for c in {b["category"] for b in page["boxes"]}:
-            man["pages_with_class"][c] += 1
-        sources[page.get("source", "unknown")] += 1
-    if tar is not None:
-        close_shard()
-    man["sources"] = dict(sources)
-    if skips is not None:
-        man["skipped"] = list(skips.items)
-        man["skipped_count"] = len(skips)
-        man["skipped_by_reason"] = dict(skips.reasons())
-    write_manifest(out, man)
-    return man
-
-
-def write_manifest(shard_dir: Path, manifest: dict) -> None:
-    tmp = Path(shard_dir) / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
-    os.replace(tmp, Path(shard_dir) / MANIFEST)
-
-
-def read_manifest(shard_dir: str | os.PathLike) -> dict:
-    path = Path(shard_dir) / MANIFEST
-    if not path.is_file():
-        raise DataError(f"{shard_dir}: no {MANIFEST} (not a shard folder written by write_shards)")
-    return json.loads(path.read_text())
+    for page in tqdm(pages, total=total, desc=f"shards -> {out.name}", unit="page", disable=not progress):
+        pid = str(page.get("id", ""))
+        if page.get("image") is None:
+            local_skips.add(pid or "?", "no image")
+            continue
+        if not page.get("spans"):
+            local_skips.add(pid, "no text: page has no spans")
+            continue
+        key = sample_key(pid)
+        if key in seen:
+            raise DataError(f"duplicate page id {pid!r} (key {key!r}); ids must be unique in a shard set")
+        seen.add(key)
+        if tar is None or count == pages_per_shard:
+            close()
+            shards.append({"name": f"shard-{len(shards):06d}.tar", "pages": 0})
+            tar, count = tarfile.open(out / (shards[-1]["name"] + ".tmp"), "w"), 0
+        _add(tar, f"{key}.{image_format}", _image_bytes(page["image"], image_format, jpeg_quality))
+        _add(tar, f"{key}.json", json.dumps(page_json(page), ensure_ascii=False).encode())
+        count += 1
+        shards[-1]["pages"] += 1
+        cats = [b["category"] for b in page.get("boxes", [])]
+        classes.update(cats)
+        pages_with.update(set(cats))
+        sources[page.get("source", "?")] += 1
+        docs.add(page.get("doc_id", pid))
+        n_spans += len(page["spans"])
+    close()
+    skipped = list(skips or []) + list(local_skips)
+    n_pages = sum(s["pages"] for s in shards)
+    manifest = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "pages": n_pages,
+                "documents": len(docs), "spans": n_spans, "shards": shards, "boxes_per_class": dict(classes),
+                "pages_with_class": dict(pages_with), "sources": dict(sources),
+                "skipped_count": len(skipped), "skip_reasons": dict(Counter(s["reason"].split(":")[0] for s in skipped)),
+                "skipped": skipped}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
+    return manifest
 
 
-def shard_files(path_or_dir: str | os.PathLike | list) -> list[Path]:
-    """The shard tars of a folder (manifest order), a single tar, or a list of tars."""
-    if isinstance(path_or_dir, (list, tuple)):
-        return [Path(p) for p in path_or_dir]
-    path = Path(path_or_dir)
-    if path.is_file():
-        return [path]
-    if (path / MANIFEST).is_file():
-        return [path / s["file"] for s in read_manifest(path)["shards"]]
-    files = sorted(path.glob("shard-*.tar"))
-    if not files:
-        raise DataError(f"{path}: no shard-*.tar files")
+def read_manifest(path: str | Path) -> dict:
+    folder = Path(path)
+    mpath = folder / MANIFEST
+    if not mpath.is_file():
+        raise DataError(f"{folder}: no {MANIFEST}; is this a shard directory (gsdistill tuples build)?")
+    manifest = json.loads(mpath.read_text())
+    if manifest.get("format") != FORMAT:
+        raise DataError(f"{mpath}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    return manifest
+
+
+def list_shards(path: str | Path) -> list[Path]:
+    """Shard files of a shard dir (manifest order) or one ``.tar`` file."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".tar":
+        return [p]
+    manifest = read_manifest(p)
+    files = [p / s["name"] for s in manifest["shards"]]
+    absent = [f.name for f in files if not f.is_file()]
+    if absent:
+        raise DataError(f"{p}: manifest lists shards that are missing: {absent[:5]}")
     return files
 
 
-def iter_tar_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """(key, {extension: bytes}) per sample; members of a sample are consecutive in the tar."""
-    key, members = None, {}
+def iter_tar(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """(key, {extension: bytes}) per sample, grouping consecutive members with the same key."""
+    key, parts = None, {}
     try:
         with tarfile.open(path, "r") as tar:
-            for info in tar:
-                if not info.isfile():
+            for member in tar:
+                if not member.isfile():
                     continue
-                k, _, ext = info.name.partition(".")
-                if key is not None and k != key:
-                    yield key, members
-                    members = {}
+                k, _, ext = member.name.partition(".")
+                if k != key and key is not None:
+                    yield key, parts
+                    parts = {}
                 key = k
-                members[ext] = tar.extractfile(info).read()
+                parts[ext] = tar.extractfile(member).read()
     except tarfile.TarError as e:
         raise DataError(f"{path}: unreadable shard ({e})") from None
     if key is not None:
-        yield key, members
+        yield key, parts
 
 
-def decode_sample(members: dict[str, bytes], decode_images: bool = True, source: str = "") -> dict:
-    """Tar members -> page dict. The image is a lazily decoding PIL image (pixels are read on first use)."""
-    try:
-        page = json.loads(members["json"])
-    except KeyError:
-        raise DataError(f"{source}: sample has no .json member") from None
-    ext = next((e for e in _IMAGE_EXTS if e in members), None)
-    if ext is None:
-        raise DataError(f"{source}: sample {page.get('id')} has no image member")
-    if decode_images:
-        page["image"] = Image.open(io.BytesIO(members[ext]))  # lazy: decodes on load()/convert()
-    else:
-        page["image"], page["image_bytes"] = None, members[ext]
-    for ext, field in EMBEDDING_FIELDS.items():
-        if ext in members:
-            page[field] = np.load(io.BytesIO(members[ext]), allow_pickle=False)
+def decode_sample(key: str, parts: dict[str, bytes], source: str, decode_images: bool = True) -> dict:
+    if "json" not in parts:
+        raise DataError(f"{source}: sample {key!r} has no .json member")
+    page = json.loads(parts["json"])
+    img = parts.get("png") or parts.get("jpg")
+    if img is None:
+        raise DataError(f"{source}: sample {key!r} has no image member")
+    # Image.open reads only the header; pixels are decoded on first use (lazy decoding)
+    page["image"] = Image.open(io.BytesIO(img)) if decode_images else img
+    page["_key"] = key
     return page
 
 
-def worker_skip(skip: int, worker: int, num_workers: int, block: int) -> int:
-    """How many of ``skip`` rank-consumed samples came from ``worker`` (block round-robin)."""
-    full, rem = divmod(skip, block * num_workers)
-    return full * block + min(max(rem - worker * block, 0), block)
+def _split() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
-class ShardDataset(torch.utils.data.IterableDataset):
-    """Streams page tuples from shards, split by rank and DataLoader worker (see module docstring).
+class ShardDataset(IterableDataset):
+    """Stream page tuples from shards; each (rank, worker) takes every ``splits``-th page.
 
-    ``shuffle_buffer > 0`` shuffles the shard order per epoch and samples through a buffer of that
-    size, seeded by (seed, epoch, consumer). ``set_epoch`` / ``state_dict`` / ``load_state_dict``
-    make a stream resumable. ``transform`` (e.g. ``MultiCropViews``) is applied to each page.
+    Cached embeddings (``text_cache``) are attached as ``sem_emb`` etc. when present and current.
+    ``state_dict()/load_state_dict()`` resume a single-process stream after the pages already yielded.
     """
 
-    def __init__(self, path_or_dir, shuffle_buffer: int = 0, seed: int = 0, rank: int | None = None,
+    def __init__(self, path: str | Path, shuffle_buffer: int = 0, seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, decode_images: bool = True, transform=None,
-                 batch_size: int = 1, skip: int = 0, epoch: int = 0):
-        super().__init__()
-        self.files = shard_files(path_or_dir)
-        self.shuffle_buffer, self.seed, self.decode_images, self.transform = shuffle_buffer, seed, decode_images, transform
-        dist = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self.rank = rank if rank is not None else (torch.distributed.get_rank() if dist else 0)
-        self.world_size = world_size if world_size is not None else (torch.distributed.get_world_size() if dist else 1)
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
-        self.batch_size, self.skip, self.epoch = max(1, batch_size), skip, epoch
+                 embeddings: bool | str = "auto"):
+        self.path = Path(path)
+        self.files = list_shards(self.path)
+        self.shuffle_buffer, self.seed = int(shuffle_buffer), int(seed)
+        dist_rank, dist_world = _split()
+        self.rank = dist_rank if rank is None else int(rank)
+        self.world_size = dist_world if world_size is None else int(world_size)
+        self.decode_images, self.transform = decode_images, transform
+        self.epoch, self._skip = 0, 0
+        self.embeddings = None
+        if embeddings:
+            from gsdistill.data.text_cache import open_embeddings
+            self.embeddings = open_embeddings(self.path, required=embeddings is True)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.skip = epoch, 0
+        self.epoch = int(epoch)
 
-    def state_dict(self, consumed: int) -> dict:
-        """State after this rank consumed ``consumed`` samples of the current epoch."""
-        return {"epoch": self.epoch, "skip": consumed, "seed": self.seed}
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "yielded": self._skip}
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.skip, self.seed = int(state["epoch"]), int(state["skip"]), int(state["seed"])
+        self.epoch, self._skip = int(state["epoch"]), int(state["yielded"])
 
-    def _consumer(self) -> tuple[int, int, int, int]:
-        info = torch.utils.data.get_worker_info()
-        worker, n_workers = (info.id, info.num_workers) if info else (0, 1)
-        return self.rank * n_workers + worker, self.world_size * n_workers, worker, n_workers
+    def _pages(self, split: int, splits: int) -> Iterator[dict]:
+        index = 0
+        for f in self.files:
+            emb = self.embeddings.for_shard(f) if self.embeddings is not None else None
+            for key, parts in iter_tar(f):
+                if index % splits == split:
+                    page = decode_sample(key, parts, str(f), self.decode_images)
+                    if emb is not None:
+                        page.update(emb(key))
+                    yield page
+                index += 1
 
-    def _stream(self, consumer: int, n_consumers: int) -> Iterator[dict]:
-        files = list(self.files)
-        if self.shuffle_buffer > 0:
-            random.Random(f"{self.seed}-{self.epoch}").shuffle(files)
-        by_shard = len(files) >= n_consumers
-        if by_shard:
-            files = files[consumer::n_consumers]
-        i = 0
-        for path in files:
-            for _, members in iter_tar_samples(path):
-                keep = by_shard or (i // self.batch_size) % n_consumers == consumer
-                i += 1
-                if keep:
-                    yield members, path
+    def _shuffled(self, pages: Iterator[dict], rng: np.random.Generator) -> Iterator[dict]:
+        buf: list[dict] = []
+        for page in pages:
+            buf.append(page)
+            if len(buf) >= self.shuffle_buffer:
+                yield buf.pop(int(rng.integers(len(buf))))
+        while buf:
+            yield buf.pop(int(rng.integers(len(buf))))
 
     def __iter__(self) -> Iterator[dict]:
-        consumer, n_consumers, worker, n_workers = self._consumer()
-        to_skip = worker_skip(self.skip, worker, n_workers, self.batch_size)
-        stream = self._stream(consumer, n_consumers)
-        if self.shuffle_buffer > 0:
-            stream = _buffer_shuffle(stream, self.shuffle_buffer, random.Random(f"{self.seed}-{self.epoch}-{consumer}"))
-        for n, (members, path) in enumerate(stream):
-            if n < to_skip:
-                continue   # skipped before decoding: resuming costs tar reads only
-            page = decode_sample(members, self.decode_images, str(path))
+        info = get_worker_info()
+        wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        split, splits = self.rank * nw + wid, self.world_size * nw
+        stream = self._pages(split, splits)
+        if self.shuffle_buffer > 1:
+            stream = self._shuffled(stream, np.random.default_rng([self.seed, self.epoch, split]))
+        skip, self._skip = self._skip, 0
+        for i, page in enumerate(stream):
+            if i < skip:
+                continue
+            self._skip = i + 1
             yield self.transform(page) if self.transform is not None else page
 
-    def __len__(self) -> int:
-        """Pages this rank yields per epoch (all workers together), from the shard sizes."""
-        files = self.files
-        sizes = [_shard_len(p) for p in files]
-        total = sum(sizes)
-        return math.ceil((total - self.rank) / self.world_size) if total > self.rank else 0
 
-
-def _shard_len(path: Path) -> int:
-    man = path.parent / MANIFEST
-    if man.is_file():
-        for s in json.loads(man.read_text())["shards"]:
-            if s["file"] == path.name:
-                return int(s["pages"])
-    return sum(1 for _ in iter_tar_samples(path))
-
-
-def _buffer_shuffle(stream, size: int, rng: random.Random):
-    buf = []
-    for item in stream:
-        buf.append(item)
-        if len(buf) >= size:
-            j = rng.randrange(len(buf))
-            buf[j], buf[-1] = buf[-1], buf[j]
-            yield buf.pop()
-    rng.shuffle(buf)
-    yield from buf
-
-
-def read_pages(shard_dir, decode_images: bool = True) -> Iterator[dict]:
-    """Every page of a shard folder in written order (one process, no split, no shuffle)."""
-    for path in shard_files(shard_dir):
-        for _, members in iter_tar_samples(path):
-            yield decode_sample(members, decode_images, str(path))
+def read_pages(path: str | Path, decode_images: bool = True, embeddings: bool | str = "auto") -> Iterator[dict]:
+    """Every page of a shard dir in stored order (one process, no shuffle)."""
+    yield from ShardDataset(path, rank=0, world_size=1, decode_images=decode_images, embeddings=embeddings)
