@@ -47,13 +47,23 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         print(_usage(), file=sys.stderr)
         return 2
-    module = importlib.import_module(STAGES[name][0])
     from gsdistill.config import ConfigError
+    from gsdistill.errors import GsdistillError
+    # one handler for every stage: the project's own errors (bad config values, missing, truncated
+    # or unfit files, bad data) are one line naming the key or file, exit code 2, no traceback
     try:
+        module = importlib.import_module(STAGES[name][0])
         return int(module.main(rest) or 0)
     except ConfigError as e:
-        print(f"gsdistill {name}: config error: {e}", file=sys.stderr)
+        print(f"gsdistill {name}: config error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except GsdistillError as e:
+        print(f"gsdistill {name}: {_one_line(e)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 if __name__ == "__main__":

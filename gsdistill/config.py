@@ -5,7 +5,8 @@ An experiment file (e.g. ``configs/pretrain/mpcl_dual.yaml``) overrides a handfu
 may name another experiment file it builds on with ``_base_: other.yaml``. Command-line overrides
 ``a.b=1`` come last. Every key of an experiment file or override must already exist in the defaults:
 a misspelled key is an error with a did-you-mean hint (as Ultralytics does). Values are parsed as
-YAML scalars/lists (``yaml.safe_load``), never evaluated.
+YAML scalars/lists (``yaml.safe_load``), never evaluated, then checked against the type and range
+each key's comment in the defaults states (:mod:`gsdistill.config_schema`), for every stage.
 """
 from __future__ import annotations
 
@@ -17,10 +18,15 @@ from typing import Iterable
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from gsdistill.config_schema import check_value, parse_spec, read_comments
+from gsdistill.errors import GsdistillError
 
 
-class ConfigError(ValueError):
-    """A config file or override that cannot be applied (unknown key, bad syntax, missing file)."""
+class ConfigError(GsdistillError, ValueError):
+    """A config file or override that cannot be applied (unknown key, bad syntax, missing file,
+    a value of the wrong type or out of range)."""
 
 
 def configs_dir() -> Path:
@@ -115,21 +121,26 @@ def parse_overrides(overrides: Iterable[str]) -> list[tuple[str, object]]:
 
 
 def load_config(stage: str, experiment: str | os.PathLike | None = None,
-                overrides: Iterable[str] = ()) -> DictConfig:
-    """Defaults of ``stage`` <- experiment file chain <- ``key=value`` overrides; struct-locked result.
+                overrides: Iterable[str] = (), base: str | os.PathLike | None = None) -> DictConfig:
+    """Defaults of ``stage`` <- ``base`` <- experiment file chain <- ``key=value`` overrides; every
+    value checked against its commented type and range; struct-locked result.
 
     ``experiment`` may be a path, or a name looked up in ``configs/<stage>/`` (``.yaml`` optional).
+    ``base``: a resolved config file (e.g. a checkpoint's ``config.yaml``) applied before it.
     """
     default_path = configs_dir() / stage / "default.yaml"
-    cfg = _read_yaml(default_path)
+    defaults = _read_yaml(default_path)
+    cfg = defaults.copy()  # overrides update cfg in place; the checks need the untouched defaults
+    chain = [(Path(base), _read_yaml(Path(base)))] if base is not None else []
     if experiment is not None:
         exp = Path(experiment)
         if not exp.is_file():
             cand = configs_dir() / stage / (exp.name if exp.suffix else exp.name + ".yaml")
             exp = cand if cand.is_file() else exp
-        for path, part in _resolve_experiment(exp):
-            _check_keys(cfg, part, str(path))
-            cfg = OmegaConf.merge(cfg, part)
+        chain += _resolve_experiment(exp)
+    for path, part in chain:
+        _check_keys(cfg, part, str(path))
+        cfg = _merge(cfg, part, str(path))
     OmegaConf.set_struct(cfg, True)
     all_keys = _dotted_keys(cfg)
     for key, value in parse_overrides(overrides):
@@ -139,8 +150,56 @@ def load_config(stage: str, experiment: str | os.PathLike | None = None,
             if hint:
                 msg += f"; did you mean {' or '.join(repr(h) for h in hint)}?"
             raise ConfigError(msg)
-        OmegaConf.update(cfg, key, value, merge=True)
+        node = OmegaConf.select(cfg, key)
+        if isinstance(value, dict) and isinstance(node, DictConfig):
+            if len(node):
+                _check_keys(node, OmegaConf.create(value), "command line", key + ".", all_keys)
+            else:  # a default of {} is a free-form mapping (e.g. loss keyword arguments)
+                OmegaConf.set_struct(node, False)
+        try:
+            OmegaConf.update(cfg, key, value, merge=True)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"command line: cannot set '{key}' to {value!r} ({str(e).splitlines()[0]})") from None
+    check_config(cfg, defaults, default_path)
     return cfg
+
+
+def _merge(cfg: DictConfig, part: DictConfig, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(cfg, part)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{source}: {str(e).splitlines()[0]}") from None
+
+
+def check_config(cfg: DictConfig, defaults: DictConfig, default_path: Path) -> None:
+    """Check (and normalise in place) every value against the type and range its comment in
+    ``default_path`` states; the first bad one raises a ConfigError naming the key."""
+    comments = read_comments(default_path)
+    values = OmegaConf.to_container(cfg, resolve=False)
+    plain_defaults = OmegaConf.to_container(defaults, resolve=False)
+    fixes: list[tuple[str, object]] = []
+
+    def walk(node: dict, dnode: dict, prefix: str) -> None:
+        for k, default in dnode.items():
+            key, value = prefix + k, node.get(k)
+            comment = comments.get(key, "")
+            if isinstance(default, dict) and (bool(default) or parse_spec(comment) is None):  # a section
+                if not isinstance(value, dict):
+                    raise ConfigError(f"config key '{key}' is a section (a mapping of keys), got {value!r}")
+                walk(value, default, key + ".")
+                continue
+            try:
+                new = check_value(key, value, default, parse_spec(comment))
+            except ValueError as e:
+                where = f"configs/{default_path.parent.name}/default.yaml"
+                hint = f" ({where}: '{comment[:70]}')" if comment else ""
+                raise ConfigError(f"config key '{key}': {e}{hint}") from None
+            if repr(new) != repr(value):  # normalised (1 -> 1.0 for a float key, ...)
+                fixes.append((key, new))
+
+    walk(values, plain_defaults, "")
+    for key, new in fixes:
+        OmegaConf.update(cfg, key, new, merge=False)
 
 
 def save_config(cfg: DictConfig, run_dir: str | os.PathLike, name: str = "config.yaml") -> Path:

@@ -1,22 +1,26 @@
-"""``gsdistill demo``: the whole mission in one path, as a new user meets it.
+"""``gsdistill demo``: the whole mission in one path, with the controls that show it learned.
 
-tuples -> text-embedding cache -> GSDistill pretraining (full objective) -> backbone export ->
-head-only YOLOv10 fine-tuning -> detection val + drawn predictions -> crop-subsampled page
-retrieval (k = 1, 5, 8) -> ``<out_dir>/report.md``. Each stage is the same library call its own
-sub-command makes; the demo only wires them together (config: ``configs/demo/default.yaml``).
+tuples -> text-embedding cache -> GSDistill pretraining -> the same run with the backbone frozen at
+random (the control) -> head-only YOLOv10 on the pretrained and on a random backbone, and a stock
+YOLOv10n, same budget, several seeds, held-out pages -> page retrieval from each page's own texts
+through both heads (held-out and training pages, document-level bootstrap) -> ``<out_dir>/report.md``.
+Each stage is the library call its own sub-command makes; the demo only wires them together
+(config: ``configs/demo/default.yaml``).
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
-from gsdistill.config import load_config, save_config, to_dict
+from gsdistill.config import load_config, save_config
 
-STAGES = ["tuples", "embed", "pretrain", "detect", "retrieval", "report"]
+STAGES = ["tuples", "embed", "pretrain", "control", "detect", "retrieval", "report"]
+PRETRAINED, CONTROL, UNTRAINED = "pretrained", "random backbone, heads trained", "random (untrained)"
 
 
 def build_tuples(cfg, out: Path) -> tuple[Path, Path, dict]:
@@ -43,50 +47,60 @@ def _manifest_summary(m: dict) -> dict:
     return {k: m[k] for k in ("pages", "documents", "spans", "boxes_per_class", "skipped_count", "skip_reasons")}
 
 
-def pretrain(cfg, train_dir: Path, out: Path) -> Path:
-    from gsdistill.train.pretrain import run_pretraining
+def pretrain_config(cfg, train_dir: Path, *extra: str):
+    return load_config("pretrain", cfg.pretrain_experiment, [*cfg.pretrain, f"data.shards={train_dir}", f"train.seed={cfg.seed}", *extra])
 
-    pcfg = load_config("pretrain", None, [*cfg.pretrain, f"data.shards={train_dir}", f"train.seed={cfg.seed}"])
-    return run_pretraining(pcfg, run_dir=out / "pretrain")
+
+def pretrain(cfg, train_dir: Path, out: Path, name: str = "pretrain", *extra: str) -> Path:
+    from gsdistill.train.pretrain import run_pretraining
+    return run_pretraining(pretrain_config(cfg, train_dir, *extra), run_dir=out / name)
 
 
 def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> dict:
+    """Head-only detection on the pretrained and a random backbone plus stock YOLOv10n, same budget,
+    ``detect_seeds``; trained on pretraining pages, scored on held-out pages (pycocotools)."""
     from gsdistill.data.shards import read_pages
+    from gsdistill.detect.compare import compare_backbones, summarize
     from gsdistill.detect.convert import pages_to_yolo
-    from gsdistill.detect.evaluate import validate
-    from gsdistill.detect.pipeline import train_head
     from gsdistill.detect.predict import predict
 
-    data_yaml = pages_to_yolo(read_pages(train_dir), out / "detect" / "data",
-                              val_fraction=float(cfg.data.detect_val_fraction), seed=int(cfg.seed))
-    dcfg = load_config("detect", None, [*cfg.detect, f"backbone={backbone}", f"data={data_yaml}",
-                                        f"project={out / 'detect'}", "name=head_only", f"seed={cfg.seed}"])
-    run_dir = train_head(dcfg)
-    weights = run_dir / "weights" / "best.pt"
-    report = validate(weights, data_yaml, cfg=dcfg)
+    n_train = int(cfg.data.detect_train_pages)
+    pages = itertools.chain(itertools.islice(read_pages(train_dir), n_train), read_pages(eval_dir))
+    held = {p["doc_id"] for p in read_pages(eval_dir, decode_images=False)}
+    data_yaml = pages_to_yolo(pages, out / "detect" / "data", val_docs=held)
+    dcfg = load_config("detect", "compare", [*cfg.detect])
+    backbones = {PRETRAINED: backbone, "random backbone": None}
+    if cfg.detect_reference:
+        backbones[f"{cfg.detect_reference} (stock, all layers trained)"] = str(cfg.detect_reference)
+    rows = compare_backbones(data_yaml, backbones, seeds=list(cfg.detect_seeds), cfg=dcfg, out_dir=out / "detect")
     pages_dir = out / "detect" / "heldout_pages"
     pages_dir.mkdir(parents=True, exist_ok=True)
     for i, page in zip(range(int(cfg.predict_pages)), read_pages(eval_dir)):
         page["image"].convert("RGB").save(pages_dir / f"page{i}.png")
-    drawn = predict(weights, pages_dir, out / "detect" / "predictions", dcfg)
-    report.update(run_dir=str(run_dir), weights=str(weights), predictions=[str(p.with_suffix(".png")) for p in drawn])
-    return report
+    first = next(r for r in rows if r["backbone"] == PRETRAINED)
+    pcfg = dcfg.copy()
+    pcfg.predict.conf = float(cfg.predict_conf)
+    drawn = predict(Path(first["run_dir"]) / "weights" / "last.pt", pages_dir, out / "detect" / "predictions", pcfg)
+    return {"rows": rows, "summary": summarize(rows), "data_yaml": str(data_yaml), "predict_conf": float(cfg.predict_conf),
+            "predictions": [str(p.with_suffix(".png")) for p in drawn]}
 
 
-def retrieval(cfg, run_dir: Path, eval_dir: Path, out: Path) -> dict:
+def retrieval(cfg, run_dir: Path, control_dir: Path | None, train_dir: Path, eval_dir: Path) -> dict:
+    """Both heads, three models, training and held-out pages (``gsdistill.demo_learning``)."""
     from gsdistill.data.shards import read_pages
-    from gsdistill.retrieval.page_report import write_report
-    from gsdistill.retrieval.page_retrieval import evaluate_page_retrieval
+    from gsdistill.demo_learning import measure, untrained_model
     from gsdistill.train.checkpoint import load_pretrained
 
-    ecfg = load_config("eval", None, [*cfg.eval, f"out_dir={out / 'retrieval'}"])
-    model = load_pretrained(run_dir)
-    section = to_dict(ecfg)["retrieval"]
-    if section["image_size"] is None:  # the size the backbone was pretrained at
-        section["image_size"] = int(load_config("pretrain", run_dir / "config.yaml").views.global_size)
-    results = evaluate_page_retrieval(model, read_pages(eval_dir), cfg=section)
-    files = write_report({"pretrained (full objective)": results}, out / "retrieval")
-    return {"results": results, "files": {k: str(v) for k, v in files.items()}}
+    models = {PRETRAINED: load_pretrained(run_dir)}
+    if control_dir is not None:
+        models[CONTROL] = load_pretrained(control_dir)
+    models[UNTRAINED] = untrained_model(run_dir, int(cfg.seed) + 1)
+    splits = {"held-out": list(read_pages(eval_dir)),
+              "training": list(itertools.islice(read_pages(train_dir), int(cfg.data.retrieval_train_pages)))}
+    size = int(load_config("pretrain", run_dir / "config.yaml").views.global_size)
+    rows = measure(models, splits, size, seed=int(cfg.seed))
+    docs = {s: [str(p.get("doc_id") or p["id"]) for p in pages] for s, pages in splits.items()}
+    return {"rows": rows, "image_size": size, "doc_ids": docs}
 
 
 def run_demo(cfg) -> Path:
@@ -97,26 +111,30 @@ def run_demo(cfg) -> Path:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out)
-    times, info = {}, {}
+    times, info, control_dir = {}, {}, None
     bar = tqdm(STAGES, desc="demo", unit="stage", position=0)
     for stage in bar:
         bar.set_postfix_str(stage)
         t0 = time.time()
         if stage == "tuples":
             train_dir, eval_dir, info["data"] = build_tuples(cfg, out)
-        elif stage == "embed":
+        elif stage == "embed":  # in the descriptor format pretraining uses (its cache key)
+            fmt = pretrain_config(cfg, train_dir).data.descriptor_format
             for d in (train_dir, eval_dir):
-                embed_shards(d)
+                embed_shards(d, descriptor_format=fmt)
         elif stage == "pretrain":
             run_dir = pretrain(cfg, train_dir, out)
+        elif stage == "control":
+            if cfg.control:
+                control_dir = pretrain(cfg, train_dir, out, "control", "model.freeze_backbone=true")
         elif stage == "detect":
             info["detect"] = detect(cfg, train_dir, eval_dir, run_dir / "backbone", out)
         elif stage == "retrieval":
-            info["retrieval"] = retrieval(cfg, run_dir, eval_dir, out)
+            info["retrieval"] = retrieval(cfg, run_dir, control_dir, train_dir, eval_dir)
         else:
             times[stage] = time.time() - t0
             (out / "results.json").write_text(json.dumps({"times_s": times, **info}, indent=1, default=str))
-            return write_demo_report(cfg, out, run_dir, info, times)
+            return write_demo_report(cfg, out, run_dir, control_dir, info, times)
         times[stage] = time.time() - t0
     raise AssertionError("unreachable: the report stage returns")
 
@@ -125,7 +143,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="gsdistill demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pdfs", help="folder of PDFs to use instead of the synthetic pages")
-    p.add_argument("--size", default=None, help="experiment file of configs/demo/ (e.g. smoke)")
+    p.add_argument("--size", default=None, help="experiment file of configs/demo/ (smoke, gpu)")
     p.add_argument("--out", help="output folder (default runs/demo)")
     p.add_argument("overrides", nargs="*", help="key=value overrides of configs/demo/default.yaml")
     args = p.parse_args(argv)

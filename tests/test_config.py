@@ -79,3 +79,15 @@ def test_every_shipped_stage_default_loads():
     for stage in stages:
         cfg = load_config(stage)
         assert len(cfg) > 0, stage
+
+
+def test_values_without_a_stated_type_keep_the_kind_of_their_default(tree):
+    cfg = load_config("toy", None, ["train.lr=1", "train.steps=4.0"])
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)  # int given to a float default
+    assert cfg.train.steps == 4 and isinstance(cfg.train.steps, int)
+    with pytest.raises(ConfigError, match=r"'train.steps': 'many' is not of type int"):
+        load_config("toy", None, ["train.steps=many"])
+    with pytest.raises(ConfigError, match=r"'train' is a section \(a mapping of keys\), got 3"):
+        load_config("toy", None, ["train=3"])
+    with pytest.raises(ConfigError, match=r"'train.betas': 'x' is not of type list"):
+        load_config("toy", None, ["train.betas=x"])

@@ -15,8 +15,31 @@ from gsdistill.data.build import build_shards
 from gsdistill.data.images import to_rgb
 from gsdistill.data.shards import read_pages
 
-ZERO_PAGE_PDF = (b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n"
-                 b"2 0 obj<</Type/Pages/Kids[]/Count 0>>endobj\ntrailer<</Root 1 0 R>>\n%%EOF\n")
+
+
+def zero_page_pdf() -> bytes:
+    """A well-formed PDF (with its xref table) whose page tree is empty."""
+    objs = [b"<</Type/Catalog/Pages 2 0 R>>", b"<</Type/Pages/Kids[]/Count 0>>"]
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for i, obj in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + obj + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
+    for off in offsets:
+        out += b"%010d 00000 n \n" % off
+    out += b"trailer\n<</Size %d/Root 1 0 R>>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+    return bytes(out)
+
+
+def truncated_pdf(extra: int) -> bytes:
+    """A 3-page PDF cut near its page tree: at ``extra`` = 0 MuPDF repairs the xref and finds no
+    page, at 20 it cannot open the rest."""
+    doc = pymupdf.open()
+    for _ in range(3):
+        doc.new_page().insert_text((72, 72), "hello world " * 20)
+    data = doc.tobytes(garbage=0, deflate=False)
+    return data[: data.index(b"2 0 obj") + extra]
 
 
 def fake_ocr(image):
@@ -52,7 +75,9 @@ def test_pdf_folder_keeps_good_pages_and_reports_bad_ones(tmp_path):
     doc = pymupdf.open()
     doc.new_page().insert_text((72, 72), "secret")
     doc.save(src / "encrypted.pdf", encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw="u", owner_pw="o")
-    (src / "zero.pdf").write_bytes(ZERO_PAGE_PDF)
+    (src / "zero.pdf").write_bytes(zero_page_pdf())
+    (src / "truncated.pdf").write_bytes(truncated_pdf(0))
+    (src / "cut.pdf").write_bytes(truncated_pdf(20))
     text_pdf(src / "toolong.pdf", pages=4)
     text_pdf(src / "blank.pdf", pages=2, blank=(1,))
     doc = pymupdf.open()  # one normal page, one poster-size page
@@ -64,16 +89,18 @@ def test_pdf_folder_keeps_good_pages_and_reports_bad_ones(tmp_path):
     out = tmp_path / "shards"
     manifest = build_shards("pdf", src, out, cfg("pdf.max_page_count=3"))
     ids = sorted(p["id"] for p in read_pages(out))
-    assert ids == ["blank-p0001", "giant-p0001", "good-p0001", "good-p0002"]
+    assert ids == ["blank.pdf-p0001", "giant.pdf-p0001", "good.pdf-p0001", "good.pdf-p0002"]
     r = reasons(manifest)
     assert r["corrupt.pdf"].startswith("unreadable PDF")
     assert r["encrypted.pdf"].startswith("encrypted PDF")
-    assert r["zero.pdf"].startswith("PDF has zero pages")
+    assert r["zero.pdf"].startswith("PDF has zero pages") and "pdf.ocr_empty_pages=true" in r["blank.pdf#page=2"]
+    assert r["truncated.pdf"].startswith("damaged PDF") and r["cut.pdf"].startswith("damaged PDF")
     assert r["toolong.pdf"].startswith("huge PDF: 4 pages")
     assert r["blank.pdf#page=2"].startswith("no text")
     assert r["giant.pdf#page=2"].startswith("huge page")
     assert r["notes.txt"].startswith("unsupported file type")
-    assert manifest["skipped_count"] == 7 and (out / "skipped.csv").read_text().count("\n") == 8
+    assert manifest["skipped_count"] == 9 and (out / "skipped.csv").read_text().count("\n") == 10
+    assert manifest["skip_reasons"]["unreadable PDF"] == 1 and manifest["skip_reasons"]["damaged PDF"] == 2
 
 
 def test_image_folder_converts_modes_and_reports_unreadable(tmp_path, monkeypatch):
@@ -93,8 +120,8 @@ def test_image_folder_converts_modes_and_reports_unreadable(tmp_path, monkeypatc
     (src / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
     out = tmp_path / "shards"
     manifest = build_shards("images", src, out, cfg())
-    pages = {p["id"]: p for p in read_pages(out)}
-    assert sorted(pages) == ["alpha", "deep16", "gray", "print"]
+    pages = {p["id"].rsplit(".", 1)[0]: p for p in read_pages(out)}
+    assert sorted(p["id"] for p in pages.values()) == ["alpha.png", "deep16.png", "gray.png", "print.jpg"]
     assert all(p["image"].mode == "RGB" for p in pages.values())
     # the ramp's mean is 127.5 in every source; 16-bit and CMYK/alpha (inverted) must land there too
     for name in ("gray", "deep16", "print", "alpha"):
@@ -129,21 +156,24 @@ def test_coco_missing_images_unknown_classes_and_boxes_outside(tmp_path, monkeyp
                 {"id": 13, "image_id": 2, "category_id": 1, "bbox": [200, 300, 10, 10]},  # wholly outside
                 {"id": 14, "image_id": 2, "category_id": 1, "bbox": [5, 5, -3, 10]},      # negative width
                 {"id": 15, "image_id": 2, "category_id": 2, "bbox": [10, 10, 30, 30]},
-                {"id": 16, "image_id": 3, "category_id": 1, "bbox": [0, 0, 10, 10]}]}
+                {"id": 16, "image_id": 3, "category_id": 1, "bbox": [0, 0, 10, 10]},
+                {"id": 17, "image_id": 99, "category_id": 1, "bbox": [0, 0, 10, 10]}]}   # unknown image
     (root / "samples.json").write_text(json.dumps(coco))
     out = tmp_path / "shards"
     manifest = build_shards("coco", root, out, cfg())
     pages = {p["id"]: p for p in read_pages(out)}
-    assert sorted(pages) == ["publaynet-a", "publaynet-b"]
-    assert pages["publaynet-a"]["boxes"] == [{"category": "Text", "bbox": [0.0, 0.0, 40.0, 20.0]},
+    assert sorted(pages) == ["publaynet-a.png", "publaynet-b.png"]
+    assert pages["publaynet-a.png"]["boxes"] == [{"category": "Text", "bbox": [0.0, 0.0, 40.0, 20.0]},
                                             {"category": "Picture", "bbox": [60.0, 80.0, 80.0, 100.0]}]
-    assert pages["publaynet-b"]["boxes"] == [{"category": "Picture", "bbox": [10.0, 10.0, 40.0, 40.0]}]
+    assert pages["publaynet-b.png"]["boxes"] == [{"category": "Picture", "bbox": [10.0, 10.0, 40.0, 40.0]}]
     r = reasons(manifest)
     assert r["samples.json#gone.png"].startswith("missing image")
     assert r["samples.json#a.png#ann=11"] == "unknown class: 'stamp'"
     assert r["samples.json#a.png#ann=12"].startswith("box clipped to page")
     assert r["samples.json#b.png#ann=13"].startswith("box outside page")
-    assert r["samples.json#b.png#ann=14"].startswith("invalid box")
+    assert r["samples.json#b.png#ann=14"].startswith("negative box size")
+    assert r["samples.json#ann=17"].startswith("unknown image_id: 99")
+    assert manifest["skip_reasons"]["unknown image_id"] == 1 and manifest["skip_reasons"]["negative box size (dropped, not flipped)"] == 1
 
 
 def test_coco_without_text_and_without_ocr_is_recorded(tmp_path):

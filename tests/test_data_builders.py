@@ -52,7 +52,7 @@ def layout_pdf(path: Path) -> None:
 def test_pdf_builder_finds_every_class_in_reading_order(tmp_path):
     layout_pdf(tmp_path / "layout.pdf")
     pages = list(pdf_pages(tmp_path / "layout.pdf", dpi=144))
-    assert [p["id"] for p in pages] == ["layout-p0001", "layout-p0002"]
+    assert [p["id"] for p in pages] == ["layout.pdf-p0001", "layout.pdf-p0002"]
     first = pages[0]
     assert (first["width"], first["height"]) == (1224, 1584) and first["image"].size == (1224, 1584)
     assert sorted({b["category"] for b in first["boxes"]}) == DOCLAYNET_CLASSES
@@ -107,7 +107,7 @@ def test_arxiv_pdf_text_matches_docbank_tokens(shared_data):
     pdf = shared_data / "arxiv_pdfs_docbank" / "246.tar_1808.08720.gz_conll2018_black.pdf"
     skips = SkipLog()
     pages = list(pdf_pages(pdf, dpi=72, skips=skips))
-    assert len(pages) == 10 and len(skips) == 0 and {p["doc_id"] for p in pages} == {pdf.stem}
+    assert len(pages) == 10 and len(skips) == 0 and {p["doc_id"] for p in pages} == {pdf.name}
     first = {b["category"] for b in pages[0]["boxes"]}
     assert {"Title", "Section-header", "Text", "Footnote"} <= first
     tokens, _, _ = parse_tokens(shared_data / "docbank_samples" / "annotations" / "246.tar_1808.08720.gz_conll2018_3.txt")
@@ -219,7 +219,7 @@ def test_tesseract_reads_rendered_words():
 
 
 def test_reading_order_reads_left_column_before_right():
-    from gsdistill.data.pdf_layout import reading_order
+    from gsdistill.data.pdf_layout_blocks import reading_order
     r = lambda name, cat, box: {"category": cat, "bbox": box, "text": name}  # noqa: E731
     regions = [r("R1", "Text", [320, 100, 540, 180]), r("foot", "Page-footer", [300, 760, 310, 770]),
                r("L2", "Text", [72, 200, 290, 300]), r("title", "Title", [72, 50, 540, 80]),
@@ -237,7 +237,7 @@ def test_pdf_page_without_text_layer_is_ocred_when_asked(tmp_path):
     assert list(pdf_pages(tmp_path / "scan.pdf", skips=skips)) == [] and "no text" in skips.items[0]["reason"]
     ocr = lambda im: [{"text": "inked", "bbox": [20, 20, 120, 40], "group": 0}]  # noqa: E731
     (p,) = pdf_pages(tmp_path / "scan.pdf", ocr_fn=ocr)
-    assert p["id"] == "scan-p0001" and p["spans"] == [{"text": "inked", "bbox": [20.0, 20.0, 120.0, 40.0], "category": "Text"}]
+    assert p["id"] == "scan.pdf-p0001" and p["spans"] == [{"text": "inked", "bbox": [20.0, 20.0, 120.0, 40.0], "category": "Text"}]
 
 
 @pytest.mark.slow

@@ -107,11 +107,11 @@ def test_text_cache_reuse_and_rebuild_on_version_change(shard_dir, monkeypatch):
     stamp = meta_path.stat().st_mtime_ns
     text_cache.embed_shards(shard_dir, encoder="fake", progress=False)
     assert meta_path.stat().st_mtime_ns == stamp, "a current cache is reused"
-    monkeypatch.setattr(text_cache, "DESCRIPTOR_VERSION", "other-v9")
+    monkeypatch.setattr(text_cache, "DESCRIPTOR_VERSION", "cls-xyxy1000-v1")
     with pytest.raises(DataError, match="descriptor format"):
-        text_cache.open_embeddings(shard_dir)
+        text_cache.open_embeddings(shard_dir, descriptor_format="cls-xyxy1000-v1")
     text_cache.embed_shards(shard_dir, encoder="fake", progress=False)
-    assert json.loads(meta_path.read_text())["descriptor_version"] == "other-v9"
+    assert json.loads(meta_path.read_text())["descriptor_version"] == "cls-xyxy1000-v1"
     with pytest.raises(DataError, match="made with 'fake'"):
         text_cache.open_embeddings(shard_dir, encoder="all-MiniLM-L6-v2")
 
@@ -119,7 +119,8 @@ def test_text_cache_reuse_and_rebuild_on_version_change(shard_dir, monkeypatch):
 def test_views_keep_boxes_on_their_pixels():
     page = _page(0)
     views = MultiCropViews(global_size=64, local_size=32, n_global=2, n_local=3, global_scale=(0.5, 1.0),
-                           local_scale=(0.3, 0.6), patch_size=16, color_jitter=0, blur_prob=0, seed=1)
+                           local_scale=(0.3, 0.6), patch_size=16, color_jitter=0, blur_prob=0, seed=1,
+                           track_boxes=True)
     mean, std = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
     checked = 0
     for _ in range(5):

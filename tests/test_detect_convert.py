@@ -207,3 +207,25 @@ def test_cli_convert_from_shards_and_real_docbank(shared_data, tmp_path):
     assert main(["convert", "--docbank", str(src), "--val-fraction", "0.5", "--out", str(tmp_path / "db")]) == 0
     report = check_yolo_dataset(tmp_path / "db/data.yaml")
     assert report["train"]["images"] + report["val"]["images"] == 2 and report["train"]["boxes"] > 3
+
+
+def test_coco_scored_against_the_clipped_boxes_that_were_trained_on(tmp_path):
+    """A box reaching past the image trains clipped; the perfect prediction of that box must score 1.0."""
+    js = _coco(tmp_path, [("a.jpg", 200, 100)],
+               [("a.jpg", 1, [150, 20, 100, 40]),  # x 150..250 on a 200 px image: trained as 150..200
+                ("a.jpg", 2, [10, 10, 40, -20]),   # negative height: not a COCO box
+                ("a.jpg", 4, [10, 60, 60, 30])])
+    data = json.loads(js.read_text())
+    data["annotations"].append({"id": 99, "image_id": 12345, "category_id": 1, "bbox": [1, 1, 5, 5]})
+    js.write_text(json.dumps(data))
+    coco_to_yolo(js, tmp_path / "imgs", tmp_path / "out", PUBLAYNET_CLASSES, split="val")
+    manifest = json.loads((tmp_path / "out/manifest.json").read_text())
+    val = manifest["splits"]["val"]
+    assert val["boxes"] == 2 and val["clipped"] == [{"item": "a.jpg ann 1", "bbox_xyxy": [150, 20, 250, 60],
+                                                      "clipped_xyxy": [150, 20, 200, 60]}]
+    assert any("negative width or height" in s["reason"] for s in val["skipped"])
+    assert manifest["unknown_image_annotations"][str(js)]["annotation_ids"] == [99]
+    side = json.loads((tmp_path / "out/coco_eval.json").read_text())["val"]
+    preds = [{"file_name": "a.jpg", "category_id": 1, "bbox": [150, 20, 50, 40], "score": 0.9},
+             {"file_name": "a.jpg", "category_id": 4, "bbox": [10, 60, 60, 30], "score": 0.9}]
+    assert coco_eval(preds, side, PUBLAYNET_CLASSES)["coco_mAP50-95"] == pytest.approx(1.0)

@@ -103,3 +103,26 @@ def test_importing_detect_keeps_pil_open_offline(tmp_path):
     broken.write_bytes(b"\x89PNG\r\n\x1a\n not an image")
     with pytest.raises(PIL.UnidentifiedImageError):
         PIL.Image.open(broken)
+
+
+def test_detector_backbone_sees_the_pretraining_normalisation(backbone_dir):
+    """Ultralytics feeds image/255; the ViT must get exactly what pretraining fed it (ImageNet mean/std)."""
+    import albumentations as A
+    import numpy as np
+
+    from gsdistill.data.synthetic import generate_pages
+    from gsdistill.data.views import IMAGENET_MEAN, IMAGENET_STD
+
+    page = np.array(next(iter(generate_pages(1, seed=5, width=240, height=208)))["image"].convert("RGB"))
+    x255 = torch.from_numpy(page).permute(2, 0, 1)[None].float() / 255  # what Ultralytics' preprocess gives
+    normalised = A.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD)(image=page)["image"]  # pretraining's transform
+    det = build_detector(backbone_dir, nc=2, cfg=_cfg())
+    exported = load_backbone(backbone_dir).eval()
+    with torch.no_grad():
+        got = det.model.model[0](x255)
+        tokens = exported.forward_features(torch.from_numpy(normalised).permute(2, 0, 1)[None])
+    want = tokens[:, exported.num_prefix_tokens:].reshape(1, 208 // 16, 240 // 16, -1).permute(0, 3, 1, 2)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():  # and the difference is not negligible: unnormalised input gives other features
+        raw = exported.forward_features(x255)[:, exported.num_prefix_tokens:]
+    assert (raw - tokens[:, exported.num_prefix_tokens:]).norm() > 0.1 * tokens.norm()

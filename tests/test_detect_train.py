@@ -78,14 +78,22 @@ def test_resume_continues_the_interrupted_run(run):
     assert rows[0] == run["first_rows"][0]  # the first epoch was not re-run
     assert (run["dir"] / "plots/training.png").is_file() and any((run["dir"] / "tensorboard").iterdir())
     assert (run["dir"] / "config.yaml").is_file()
+    report = json.loads((run["dir"] / "report.json").read_text())  # counted across the interruption
+    nb = report["batches_per_epoch"]  # nbs defaults to batch: one optimizer step per batch
+    assert report["nbs"] == report["batch"] == 4 and report["steps_at_epoch"] == [nb, 2 * nb]
+    assert report["optimizer_steps"] == 2 * nb and report["epochs_done"] == 2 and report["imgsz"] == 128
     from ultralytics import YOLO
     meta = YOLO(str(run["dir"] / "weights/best.pt")).model.yaml["gsdistill"]  # config inside the checkpoint
     assert meta["config"]["adapter_channels"] == 32 and meta["backbone"] == str(run["root"] / "bb")
 
 
 def test_validate_reports_ultralytics_and_pycocotools(run):
-    cfg = load_config("detect", "cpu_smoke", [f"project={run['root'] / 'val'}", "imgsz=128"])
+    # imgsz left at the default 640: val must take the checkpoint's training size (128)
+    cfg = load_config("detect", "cpu_smoke", [f"project={run['root'] / 'val'}", "imgsz=640"])
     rep = validate(run["dir"] / "weights/best.pt", run["data"], cfg=cfg)
+    assert rep["imgsz"] == 128
+    explicit = load_config("detect", "cpu_smoke", [f"project={run['root'] / 'val'}", "val.imgsz=96"])
+    assert validate(run["dir"] / "weights/best.pt", run["data"], cfg=explicit)["imgsz"] == 96
     for key in ("mAP50", "mAP50-95", "coco_mAP50", "coco_mAP50-95"):
         assert 0.0 <= rep[key] <= 1.0
     assert rep["mAP50-95"] <= rep["mAP50"] and rep["coco_mAP50-95"] <= rep["coco_mAP50"]
@@ -106,14 +114,15 @@ def test_predict_cli_on_png_and_pdf_in_a_new_process(run, tmp_path):
     (src / "doc.pdf").write_bytes((tmp_path / "doc.pdf").read_bytes())
     out = tmp_path / "pred"
     cmd = [sys.executable, "-m", "gsdistill.cli", "detect", "predict", str(run["dir"] / "weights/best.pt"), str(src),
-           "imgsz=128", "predict.conf=0.0", "predict.max_det=5", "predict.dpi=72", f"predict.out={out}"]
+           "predict.conf=0.0", "predict.max_det=5", "predict.dpi=72", f"predict.out={out}"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["doc_p0000.json", "doc_p0000.png", "page.json", "page.png"]
     page = json.loads((out / "page.json").read_text())
     assert len(page["boxes"]) == 5 and {"category", "bbox", "score", "class_id"} <= set(page["boxes"][0])
+    assert page["imgsz"] == 128  # the checkpoint's training size, not the 640 default
     bad = subprocess.run(cmd[:6] + [str(tmp_path / "absent.pdf")], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and "absent.pdf does not exist" in bad.stderr
+    assert bad.returncode == 2 and "absent.pdf does not exist" in bad.stderr
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -134,6 +143,6 @@ def test_cli_convert_export_val_and_bad_input(run, tmp_path):
                f"project={tmp_path / 'v'}")
     assert val.returncode == 0 and "COCO50-95" in val.stdout and "Text" in val.stdout, val.stderr[-2000:]
     missing = _cli("train", f"data={tmp_path / 'nope.yaml'}", f"project={tmp_path}")
-    assert missing.returncode == 1 and "nope.yaml" in missing.stderr
+    assert missing.returncode == 2 and "nope.yaml" in missing.stderr
     typo = _cli("train", "epoch=3")
     assert typo.returncode == 2 and "did you mean 'epochs'" in typo.stderr

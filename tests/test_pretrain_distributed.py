@@ -14,7 +14,7 @@ from gsdistill.train.data_stream import FixedBatches, tensor_batch
 from gsdistill.train.metrics_log import read_metrics
 from gsdistill.train.pretrain import run_pretraining
 
-# every global view masked, so each rank's iBOT normaliser (images with a mask) is the same share
+# every global view masked unless a test sets views.mask_prob (the 2-process test does both)
 TINY = ["model.backbone.depth=1", "model.backbone.img_size=32", "views.global_size=32", "views.local_size=16",
         "model.dino_out_dim=64", "model.dino_hidden_dim=32", "model.dino_bottleneck_dim=16", "model.proj_dim=32",
         "views.mask_prob=1.0", "optim.batch_size=4", "optim.steps=4", "optim.warmup_steps=1",
@@ -31,6 +31,11 @@ def _free_port() -> int:
 
 def _stream(cfg):
     batches = [tensor_batch(cfg, 4, seed=s) for s in range(2)]
+    if float(cfg.views.mask_prob) < 1:
+        # view-major rows [v0 p0..p3, v1 p0..p3]: under 2 ranks, rank 1 (pages 2, 3) gets no masked
+        # view in batch 1, and nobody does in batch 2 (iBOT term 0, every collective still joined)
+        batches[1]["masks"][[2, 3, 6, 7]] = False
+        batches.append(dict(tensor_batch(cfg, 4, seed=2), masks=torch.zeros_like(batches[0]["masks"])))
     return lambda rank, world: FixedBatches(batches, rank, world)
 
 
@@ -68,9 +73,10 @@ def _assert_same(run: dict, ref: dict, rtol: float) -> None:
 
 
 @pytest.mark.distributed
-def test_two_torch_processes_equal_one_process(tmp_path):
-    ref = _reference(tmp_path)
-    _assert_same(_spawn(2, [], tmp_path / "ddp2"), ref, rtol=1e-4)
+@pytest.mark.parametrize("mask_prob", ["1.0", "0.5"])  # 0.5 = the default: masks fall unevenly on ranks
+def test_two_torch_processes_equal_one_process(tmp_path, mask_prob):
+    ref = _reference(tmp_path, [f"views.mask_prob={mask_prob}"])
+    _assert_same(_spawn(2, [f"views.mask_prob={mask_prob}"], tmp_path / "ddp2"), ref, rtol=1e-4)
 
 
 def test_deepspeed_zero3_offload_equals_torch_engine(tmp_path):

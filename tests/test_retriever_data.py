@@ -73,7 +73,7 @@ def test_tevatron_document_id_style(tmp_path):
     assert data.qrels == {"q": {"a": 1}} and data.negatives == {"q": ["b"]}
     assert data.doc_texts[1] == "B beta text"
     assert data.skipped == {"document id not in corpus": 1}
-    with pytest.raises(ValueError, match="needs a corpus file"):
+    with pytest.raises(ValueError, match="needs a corpus JSONL: set data.corpus"):
         load_tevatron(train)
 
 
@@ -113,13 +113,31 @@ def test_noise_replaces_positives_by_nearest_non_relevant(tiny_beir):
     # embeddings: each doc nearest to the next doc id in corpus order (one-hot chain)
     emb = torch.eye(n_docs) + 0.5 * torch.roll(torch.eye(n_docs), 1, dims=1)
     noisy, stats = inject_label_noise(data, 1.0, emb, seed=0)
-    assert stats == {"positives": 18, "chosen": 18, "replaced": 18, "kept_no_candidate": 0}
+    assert stats == {"positives": 18, "chosen": 18, "replaced": 18, "kept_no_candidate": 0,
+                     "requested_rate": 1.0, "achieved_rate": 1.0}
     for q, grades in noisy.items():
         relevant = {d for d, g in data.qrels[q].items() if g >= 1}
         assert sum(g >= 1 for g in grades.values()) == 3 and not relevant & {d for d, g in grades.items() if g >= 1}
     half, stats = inject_label_noise(data, 0.3, emb, seed=1)
     assert stats["chosen"] == round(0.3 * 18) and half != noisy
+    assert stats["achieved_rate"] == pytest.approx(5 / 18)  # every chosen positive replaced
     assert inject_label_noise(data, 0.3, emb, seed=1)[0] == half
     assert data.qrels["q-cat"]["cat-0"] == 2  # the input is not modified
     with pytest.raises(ValueError, match="ratio"):
         inject_label_noise(data, 1.5)
+
+
+def test_noise_reaches_the_requested_rate_when_the_nearest_docs_are_relevant(tiny_beir):
+    data = load_beir(tiny_beir)
+    # every topical doc sits at its topic's point; fillers far away: a positive's nearest docs are
+    # the other positives of its query, and only the farthest docs (fillers) may replace it
+    topics = sorted({d.split("-")[0] for d in data.doc_ids if not d.startswith("filler")})
+    emb = torch.zeros(len(data.doc_ids), len(topics) + 1)
+    for i, d in enumerate(data.doc_ids):
+        emb[i, topics.index(d.split("-")[0]) if not d.startswith("filler") else len(topics)] = 1.0
+        emb[i] += 0.01 * i * (1 if d.startswith("filler") else 0)
+    noisy, stats = inject_label_noise(data, 1.0, emb, seed=0)
+    assert stats["achieved_rate"] == 1.0 and stats["replaced"] == 18
+    for q, grades in noisy.items():
+        swapped = {d for d, g in grades.items() if g > 0}
+        assert all(data.qrels[q].get(d, 0) == 0 for d in swapped)  # judged non-relevant or unjudged

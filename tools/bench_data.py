@@ -7,7 +7,8 @@ Prints pages/s of (1) PDF -> page tuples (render at --dpi + layout), (2) synthet
 generation at the pretraining page size, (3) reading shards + MultiCropViews (the pretraining
 default views) through a DataLoader with --workers workers. Each is divided by the pretraining
 default ``optim.batch_size`` (pages per step): the result is how many optimizer steps per second
-that stage alone could feed. Embeddings are random stand-ins (the text cache is measured by
+that stage alone could feed. Then pages/s per reader for 1, 2 and 4 shard readers (DataLoader
+workers reading one shard set at once, split by shard) and the share of the bytes each opens. Embeddings are random stand-ins (the text cache is measured by
 ``gsdistill tuples embed``), so (3) is image decoding + crops + masks + collation only.
 """
 from __future__ import annotations
@@ -77,7 +78,8 @@ def bench_loading(shards: Path, cfg, workers: int, batches: int) -> float:
     v = cfg.views
     views = MultiCropViews(global_size=v.global_size, local_size=v.local_size, n_global=v.n_global,
                            n_local=v.n_local, global_scale=tuple(v.global_scale), local_scale=tuple(v.local_scale),
-                           mask_prob=v.mask_prob, mask_ratio=tuple(v.mask_ratio), max_spans=v.max_spans)
+                           mask_prob=v.mask_prob, mask_ratio=tuple(v.mask_ratio), max_spans=v.max_spans,
+                           hflip=bool(v.hflip), color_jitter=float(v.color_jitter), blur_prob=float(v.blur_prob))
     ds = ShardDataset(shards, rank=0, world_size=1, transform=WithStandInEmbeddings(views), embeddings=False)
     loader = torch.utils.data.DataLoader(ds, batch_size=int(cfg.optim.batch_size), num_workers=workers,
                                          collate_fn=collate_pretrain, persistent_workers=False)
@@ -90,6 +92,27 @@ def bench_loading(shards: Path, cfg, workers: int, batches: int) -> float:
     return count / (time.perf_counter() - t0)
 
 
+class DecodeOnly:
+    """Transform that decodes the page image (the reader's own work) and keeps only the id (picklable)."""
+
+    def __call__(self, page: dict) -> str:
+        page["image"].convert("RGB")
+        return page["id"]
+
+
+def bench_readers(shards: Path, readers: int) -> tuple[float, float]:
+    """(pages/s per reader, share of the shard bytes each reader opens) with ``readers`` DataLoader
+    workers reading concurrently, each streaming only its own shards (split by shard)."""
+    ds = ShardDataset(shards, rank=0, world_size=1, transform=DecodeOnly(), embeddings=False)
+    sizes = [f.stat().st_size for f in ds.files]
+    pages = ds.pages_per_shard()  # a run ending inside a shard stops early: count the bytes up to its end
+    opened = [sum(sizes[p.shard] * p.stop / pages[p.shard] for p in ds.reader_parts(r, readers)) for r in range(readers)]
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=readers if readers > 1 else 0)
+    t0 = time.perf_counter()
+    count = sum(1 for _ in loader)
+    return count / (time.perf_counter() - t0) / readers, max(opened) / sum(sizes)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pdfs", type=Path, default=None, help="folder of PDFs (default: shared arXiv PDFs)")
@@ -98,6 +121,7 @@ def main() -> None:
     ap.add_argument("--synthetic", type=int, default=48, help="synthetic pages to generate")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batches", type=int, default=4, help="DataLoader batches timed after the first")
+    ap.add_argument("--reader-pages", type=int, default=160, help="pages of the shard set the readers split")
     args = ap.parse_args()
     cfg = load_config("pretrain")
     bs, w, h = int(cfg.optim.batch_size), int(cfg.data.page_width), int(cfg.data.page_height)
@@ -110,6 +134,9 @@ def main() -> None:
         n_pages = bs * (args.batches + 1) * max(args.workers, 1)
         write_shards(generate_pages(n_pages, seed=2, width=w, height=h), Path(tmp) / "shards",
                      pages_per_shard=max(1, n_pages // 4), progress=False)
+        write_shards(generate_pages(args.reader_pages, seed=3, width=w, height=h), Path(tmp) / "readers",
+                     pages_per_shard=max(1, args.reader_pages // 8), progress=False)
+        per_reader = {n: bench_readers(Path(tmp) / "readers", n) for n in (1, 2, 4)}
         rates = {f"PDF -> tuples ({args.dpi} dpi, {pdfs.name})": bench_pdf(pdfs, args.pages, args.dpi),
                  f"synthetic generation ({w}x{h})": bench_synthetic(args.synthetic, w, h),
                  f"shards + views + collate ({args.workers} workers)": bench_loading(Path(tmp) / "shards", cfg,
@@ -119,6 +146,10 @@ def main() -> None:
     print(f"{'stage':<48}{'pages/s':>10}{'steps/s fed':>14}")
     for name, rate in rates.items():
         print(f"{name:<48}{rate:>10.1f}{rate / bs:>14.2f}")
+    print(f"\nshard readers (read + decode, {args.reader_pages} pages in 8 shards; readers run at once on this machine's cores)")
+    print(f"{'readers':<10}{'pages/s per reader':>20}{'bytes opened per reader':>26}")
+    for n, (rate, share) in per_reader.items():
+        print(f"{n:<10}{rate:>20.1f}{share:>25.1%}")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ def make_step(name: str, loss, data: dict):
     scores, kind = data["scores"], LOSS_KIND.get(name.split("@")[0], "ce")
     if name == "cross_entropy":
         return lambda: F.cross_entropy(scores.clone().requires_grad_(True), data["target"]).backward()
+    if getattr(loss, "needs_doc_similarity", False):  # ELS: cosines between the candidates
+        sim = torch.eye(scores.shape[1], device=scores.device)
+        return lambda: loss(scores.clone().requires_grad_(True), data["positives"], doc_sim=sim).backward()
     if kind in ("multi_positive", "noisy"):
         return lambda: loss(scores.clone().requires_grad_(True), data["positives"]).backward()
     if kind == "graded":

@@ -1,12 +1,19 @@
-"""Real-data table: every retriever loss on BEIR dbpedia (graded, multi-positive), over query folds
-and seeds, plus zero-shot MiniLM and label weakening under injected noise.
+"""Real-data table: retriever losses on BEIR dbpedia (graded, multi-positive) with mined hard
+negatives, over query folds and seeds, each paired against zero-shot MiniLM on the same fold.
 
     .venv/bin/python tools/retriever_table.py [--out runs/retriever_table] [--folds 4] [--seeds 0 1]
+        [--epochs E] [--only KEY ...] [--set key=value ...]
 
-Each row is an experiment file of configs/retriever/. The frozen passage tower's corpus embeddings
-are computed once and cached in OUT (keyed by encoder, max length and corpus size). Results go to
-OUT/results.csv (one line per run; a rerun skips runs already there), OUT/table.md (mean and
-sample standard deviation over folds x seeds) and OUT/table.png.
+Rows: zero-shot; SingleLH, LSEPair, SumMargLH, Wasserstein and sentence-transformers' MNRL (same
+mined negatives, same loop); then paper 004's comparison at 30% injected label noise: CE (= the
+multi-positive cross-entropy SumMargLH), NCE, GCE, AGCE, AUL, LS, ELS, LR, NCE+AGCE, NCE+AUL and
+label weakening. The frozen passage tower's corpus embeddings are computed once and cached in OUT
+(keyed by encoder, max length, pooling and corpus size); mined negatives are cached in
+OUT/mined_negatives (keyed by what produced them). Results: OUT/results.csv (one line per run; a
+rerun skips runs already there), OUT/per_query/ (per-query nDCG@10 of every run), OUT/table.md.
+The Δ column is the mean paired nDCG@10 difference to zero-shot over the 40 queries (each query's
+difference averaged over seeds) with a 95% paired bootstrap interval; "> 0-shot" counts runs whose
+fold mean beats zero-shot's.
 """
 from __future__ import annotations
 
@@ -24,15 +31,32 @@ from gsdistill.config import load_config
 from gsdistill.retrievers.evaluate import encode_corpus, evaluate_retriever
 from gsdistill.retrievers.loading import load_retrieval_data, train_test_queries
 from gsdistill.retrievers.pipeline import train_and_evaluate
+from gsdistill.retrievers.significance import paired_bootstrap, paired_differences
 from gsdistill.retrievers.train import build_model
 
-ROWS = [("zero-shot MiniLM", None), ("SingleLH", "single_lh"), ("Rand1LH", "rand1_lh"), ("JointLH", "joint_lh"),
-        ("SumMargLH", "sum_marg_lh"), ("LSEPair", "lse_pair"), ("BCE (DPR+)", "bce"),
-        ("Wasserstein (graded)", "wasserstein"), ("SumMargLH then SingleLH (curriculum)", "curriculum"),
-        ("SumMargLH, 30% noise", "noisy_sum_marg_lh"),
-        ("Label weakening, 30% noise", "label_weakening")]
-MEASURES = ["nDCG@10", "MRR@10", "R@20", "R@100", "Acc@20"]
-FIELDS = ["row", "experiment", "fold", "seed", *MEASURES, "train_seconds", "first_loss", "last_loss", "noise_replaced"]
+NOISY = "noisy_sum_marg_lh"  # SumMargLH base with noise.ratio = 0.3
+ROWS = [  # (key, label, experiment file, extra overrides)
+    ("zero_shot", "zero-shot MiniLM", None, []),
+    ("single_lh", "SingleLH", "single_lh", []),
+    ("lse_pair", "LSEPair", "lse_pair", []),
+    ("sum_marg_lh", "SumMargLH", "sum_marg_lh", []),
+    ("wasserstein", "Wasserstein (graded)", "wasserstein", []),
+    ("st_mnrl", "sentence-transformers MNRL", "st_mnrl", []),
+    ("noisy_ce", "CE (SumMargLH), 30% noise", NOISY, []),
+    ("noisy_nce", "NCE, 30% noise", NOISY, ["loss.name=nce"]),
+    ("noisy_gce", "GCE, 30% noise", NOISY, ["loss.name=gce"]),
+    ("noisy_agce", "AGCE, 30% noise", NOISY, ["loss.name=agce"]),
+    ("noisy_aul", "AUL, 30% noise", NOISY, ["loss.name=aul"]),
+    ("noisy_ls", "LS, 30% noise", NOISY, ["loss.name=label_smoothing"]),
+    ("noisy_els", "ELS, 30% noise", NOISY, ["loss.name=els"]),
+    ("noisy_lr", "LR, 30% noise", NOISY, ["loss.name=label_relaxation"]),
+    ("noisy_nce_agce", "NCE+AGCE, 30% noise", NOISY, ["loss.name=nce_agce"]),
+    ("noisy_nce_aul", "NCE+AUL, 30% noise", NOISY, ["loss.name=nce_aul"]),
+    ("label_weakening", "Label weakening, 30% noise", "label_weakening", []),
+]
+MEASURES = ["nDCG@10", "MRR@10", "R@20", "R@100"]
+FIELDS = ["key", "row", "fold", "seed", *MEASURES, "train_seconds", "first_loss", "last_loss",
+          "noise_achieved", "mined_per_query"]
 
 
 def corpus_embeddings(cfg, out: Path) -> torch.Tensor:
@@ -53,13 +77,14 @@ def corpus_embeddings(cfg, out: Path) -> torch.Tensor:
 def done_runs(results: Path) -> set[tuple[str, int, int]]:
     if not results.is_file():
         return set()
-    return {(r["experiment"], int(r["fold"]), int(r["seed"])) for r in csv.DictReader(open(results))}
+    return {(r["key"], int(r["fold"]), int(r["seed"])) for r in csv.DictReader(open(results))}
 
 
 def run_all(args) -> list[dict]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    common = [f"data.path={args.data}", f"data.folds={args.folds}", f"train.epochs={args.epochs}"]
+    common = [f"data.path={args.data}", f"data.folds={args.folds}", f"negatives.cache_dir={out / 'mined_negatives'}",
+              *([f"train.epochs={args.epochs}"] if args.epochs else []), *args.set]
     base = load_config("retriever", "dbpedia_base", common)
     emb = corpus_embeddings(base, out)
     results, done = out / "results.csv", done_runs(out / "results.csv")
@@ -68,61 +93,77 @@ def run_all(args) -> list[dict]:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         if new_file:
             writer.writeheader()
-        for label, exp in ROWS:
-            if args.only and (exp or "zero_shot") not in args.only:
+        for key, label, exp, extra in ROWS:
+            if args.only and key not in args.only:
                 continue
             for fold in range(args.folds):
                 for seed in ([0] if exp is None else args.seeds):
-                    if ((exp or "zero_shot"), fold, seed) in done:
+                    if (key, fold, seed) in done:
                         continue
-                    row = one_run(label, exp, fold, seed, common, base, emb, out)
+                    row = one_run(key, label, exp, extra, fold, seed, common, base, emb, out)
                     writer.writerow(row)
                     f.flush()
-                    print(f"{label:28s} fold {fold} seed {seed}: nDCG@10 {row['nDCG@10']:.4f} "
+                    print(f"{label:30s} fold {fold} seed {seed}: nDCG@10 {row['nDCG@10']:.4f} "
                           f"({row['train_seconds']:.0f} s)", file=sys.stderr)
     return list(csv.DictReader(open(results)))
 
 
-def one_run(label, exp, fold, seed, common, base, emb, out: Path) -> dict:
-    overrides = [*common, f"data.fold={fold}", f"train.seed={seed}", f"noise.seed={seed}"]
+def one_run(key, label, exp, extra, fold, seed, common, base, emb, out: Path) -> dict:
+    overrides = [*common, *extra, f"data.fold={fold}", f"train.seed={seed}", f"noise.seed={seed}"]
+    run_dir = out / "runs" / f"{key}-f{fold}-s{seed}"
     if exp is None:  # zero-shot: the untrained encoder on the held-out fold
         data = load_retrieval_data(base.data.format, base.data.path, None, base.data.split)
         _, test_q = train_test_queries(data, base.data.folds, fold, base.data.fold_seed)
         res = evaluate_retriever(build_model(base), data.subset(test_q), k=base.eval.k, measures=MEASURES,
-                                 doc_emb=emb, progress=False)
-        summary = {"eval": res, "train_seconds": 0.0, "first_loss": "", "last_loss": "", "noise": None}
+                                 doc_emb=emb, progress=False, out_dir=run_dir / "eval")
+        summary = {"eval": res, "train_seconds": 0.0, "first_loss": "", "last_loss": "", "noise": None,
+                   "negatives": None}
     else:
         cfg = load_config("retriever", exp, overrides)
-        summary = train_and_evaluate(cfg, out / "runs" / f"{exp}-f{fold}-s{seed}", passage_embeddings=emb,
-                                     progress=False, save_model=False)
+        summary = train_and_evaluate(cfg, run_dir, passage_embeddings=emb, progress=False, save_model=False)
+    per_query = json.loads((run_dir / "eval" / "per_query.json").read_text())
+    (out / "per_query").mkdir(exist_ok=True)
+    (out / "per_query" / f"{key}-f{fold}-s{seed}.json").write_text(
+        json.dumps({q: v["nDCG@10"] for q, v in per_query.items()}))
     m = summary["eval"]["metrics"]
-    return {"row": label, "experiment": exp or "zero_shot", "fold": fold, "seed": seed,
-            **{k: m[k] for k in MEASURES}, "train_seconds": summary["train_seconds"],
-            "first_loss": summary["first_loss"], "last_loss": summary["last_loss"],
-            "noise_replaced": (summary["noise"] or {}).get("replaced", "")}
+    return {"key": key, "row": label, "fold": fold, "seed": seed, **{k: m[k] for k in MEASURES},
+            "train_seconds": summary["train_seconds"], "first_loss": summary["first_loss"],
+            "last_loss": summary["last_loss"], "noise_achieved": (summary["noise"] or {}).get("achieved_rate", ""),
+            "mined_per_query": (summary["negatives"] or {}).get("mean_per_query", "")}
+
+
+def per_query_of(out: Path, key: str, runs: list[dict]) -> list[dict[str, float]]:
+    return [json.loads((out / "per_query" / f"{key}-f{r['fold']}-s{r['seed']}.json").read_text()) for r in runs]
 
 
 def write_table(rows: list[dict], out: Path) -> str:
-    """Mean ± sample std over runs, plus the paired gain over zero-shot on the same fold."""
-    zero = {int(r["fold"]): float(r["nDCG@10"]) for r in rows if r["experiment"] == "zero_shot"}
-    lines = ["| method | runs | " + " | ".join(MEASURES) + " | Δ nDCG@10 vs zero-shot (paired) |",
-             "| --- | --- |" + " --- |" * (len(MEASURES) + 1)]
-    means = {}
-    for label, exp in ROWS:
-        mine = [r for r in rows if r["experiment"] == (exp or "zero_shot")]
+    """Mean ± sample std over runs; paired Δ nDCG@10 vs zero-shot with a 95% bootstrap interval."""
+    zero_runs = [r for r in rows if r["key"] == "zero_shot"]
+    zero_q: dict[str, float] = {}
+    for d in per_query_of(out, "zero_shot", zero_runs):
+        zero_q.update(d)
+    zero_fold = {int(r["fold"]): float(r["nDCG@10"]) for r in zero_runs}
+    lines = ["| method | runs | " + " | ".join(MEASURES) + " | Δ nDCG@10 vs zero-shot [95% CI] | > 0-shot |",
+             "| --- | --- |" + " --- |" * (len(MEASURES) + 2)]
+    for key, label, exp, _ in ROWS:
+        mine = [r for r in rows if r["key"] == key]
         if not mine:
             continue
-        cells = []
-        for m in MEASURES:
-            vals = [float(r[m]) for r in mine]
-            cells.append(f"{statistics.mean(vals):.4f} ± {_sd(vals):.4f}")
-            means.setdefault(label, []).append(statistics.mean(vals))
-        gains = [float(r["nDCG@10"]) - zero[int(r["fold"])] for r in mine if int(r["fold"]) in zero]
-        cells.append(f"{statistics.mean(gains):+.4f} ± {_sd(gains):.4f}" if gains and exp else "")
+        cells = [f"{statistics.mean(float(r[m]) for r in mine):.4f} ± {_sd([float(r[m]) for r in mine]):.4f}"
+                 for m in MEASURES]
+        if exp is not None and zero_q:
+            by_seed: dict[str, dict[str, float]] = {}
+            for r, d in zip(mine, per_query_of(out, key, mine)):
+                by_seed.setdefault(r["seed"], {}).update(d)
+            diffs = paired_differences(list(by_seed.values()), zero_q)
+            mean, low, high = paired_bootstrap(list(diffs.values()))
+            above = sum(float(r["nDCG@10"]) > zero_fold.get(int(r["fold"]), float("inf")) for r in mine)
+            cells += [f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]", f"{above}/{len(mine)}"]
+        else:
+            cells += ["", ""]
         lines.append(f"| {label} | {len(mine)} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
-    plot_table(means, out / "table.png")
     return table
 
 
@@ -130,35 +171,21 @@ def _sd(vals: list[float]) -> float:
     return statistics.stdev(vals) if len(vals) > 1 else 0.0
 
 
-def plot_table(means: dict[str, list[float]], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    labels = list(means)
-    ax.barh(labels, [v[0] for v in means.values()])
-    ax.set_xlabel("nDCG@10 (mean over folds x seeds)")
-    lo = min(v[0] for v in means.values())
-    ax.set_xlim(max(0.0, lo - 0.05), max(v[0] for v in means.values()) + 0.02)
-    ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "beir_dbpedia_subset"))
+    p.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"
+                                         / "beir_dbpedia_subset"))
     p.add_argument("--out", default="runs/retriever_table")
     p.add_argument("--folds", type=int, default=4)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=0, help="train.epochs of every row (0 = the experiment files')")
+    p.add_argument("--set", nargs="*", default=[], help="extra key=value overrides for every row")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a crowded machine)")
-    p.add_argument("--only", nargs="*", default=None, help="experiment names to run (zero_shot for the baseline)")
+    p.add_argument("--only", nargs="*", default=None, help="row keys to run (zero_shot for the baseline)")
+    p.add_argument("--table-only", action="store_true", help="write the table from results.csv, run nothing")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = run_all(args)
+    rows = list(csv.DictReader(open(Path(args.out) / "results.csv"))) if args.table_only else run_all(args)
     print(write_table(rows, Path(args.out)))
     return 0
 

@@ -54,8 +54,9 @@ def ocr_function(cfg: DictConfig):
 
 
 def _doc_id(root: Path, f: Path) -> str:
-    rel = f.relative_to(root) if root.is_dir() else Path(f.name)
-    return str(rel.with_suffix("")).replace("/", "_")
+    """The file's path relative to the input root, suffix included: unique by construction
+    (``report/v1.pdf`` and ``report_v1.pdf``, ``scan.jpg`` and ``scan.png`` stay apart)."""
+    return (f.relative_to(root) if root.is_dir() else Path(f.name)).as_posix()
 
 
 def build_pages(kind: str, source: str | Path, cfg: DictConfig, skips: SkipLog) -> tuple[Iterator[dict], int | None]:

@@ -97,7 +97,7 @@ def _embed(args) -> int:
     cfg = _config(args)
     e = cfg.embed
     embed_shards(args.shard_dir, encoder=e.encoder, batch_size=int(e.batch_size), max_spans=e.max_spans,
-                 force=args.force, device=e.device)
+                 force=args.force, device=e.device, descriptor_format=e.descriptor_format)
     print(f"embeddings of {args.shard_dir} are current ({e.encoder or 'all-MiniLM-L6-v2'})")
     return 0
 

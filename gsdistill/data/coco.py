@@ -16,8 +16,9 @@ span per box with text, class = the box's class, in the order of the first piece
 order for cells, Tesseract's for OCR); pieces outside every box are spans of their own (class None).
 
 Bad annotations are recorded in ``skips`` and the rest of the page is kept: an unknown class
-(dropped), a box with non-positive size (dropped), a box partly outside the page (clipped to the
-page, recorded as "box clipped"), a box wholly outside (dropped). A missing or unreadable image
+(dropped), an ``image_id`` missing from ``images`` (dropped), a box of negative width or height
+(dropped: never flipped, the intended corner is unknown) or zero size (dropped), a box partly
+outside the page (clipped to the page, recorded as "box clipped"), a box wholly outside (dropped). A missing or unreadable image
 skips its page; a json that cannot be parsed raises ``DataError``.
 """
 from __future__ import annotations
@@ -78,12 +79,16 @@ def doc_id_of(image_entry: dict, source: str) -> str:
 
 
 def clip_box(xywh, width: int, height: int) -> tuple[list[float] | None, str | None]:
-    """(pixel xyxy clipped to the page, problem) - problem is None, 'clipped', 'invalid' or 'outside'."""
+    """(pixel xyxy clipped to the page, problem) - problem is None, 'clipped', 'invalid', 'negative' or 'outside'."""
     try:
         x, y, w, h = (float(v) for v in xywh)
     except (TypeError, ValueError):
         return None, "invalid"
-    if not all(map(math.isfinite, (x, y, w, h))) or w <= 0 or h <= 0:
+    if not all(map(math.isfinite, (x, y, w, h))):
+        return None, "invalid"
+    if w < 0 or h < 0:  # never flipped into a box: which corner was meant is unknown
+        return None, "negative"
+    if w == 0 or h == 0:
         return None, "invalid"
     box = [x, y, x + w, y + h]
     clipped = [min(max(box[0], 0.0), width), min(max(box[1], 0.0), height),
@@ -141,7 +146,11 @@ def coco_pages(json_path: str | Path, images_dir: str | Path | None = None, text
     source = detect_source(data["categories"]) if source == "auto" else source
     cat_names = {c["id"]: str(c.get("name", "")) for c in data["categories"]}
     anns: dict = {}
+    known = {entry.get("id") for entry in data["images"]}
     for a in data["annotations"]:
+        if a.get("image_id") not in known:
+            skips.add(f"{json_path}#ann={a.get('id')}", f"unknown image_id: {a.get('image_id')!r} is not in 'images'")
+            continue
         anns.setdefault(a.get("image_id"), []).append(a)
     if not data["images"]:
         return
@@ -173,8 +182,8 @@ def coco_pages(json_path: str | Path, images_dir: str | Path | None = None, text
             scaled = [bb[0] * sx, bb[1] * sy, bb[2] * sx, bb[3] * sy] if len(bb) == 4 else bb
             box, problem = clip_box(scaled, w, h)
             if problem is not None:
-                reason = {"clipped": "box clipped to page", "invalid": "invalid box",
-                          "outside": "box outside page"}[problem]
+                reason = {"clipped": "box clipped to page", "invalid": "invalid box", "outside": "box outside page",
+                          "negative": "negative box size (dropped, not flipped)"}[problem]
                 skips.add(f"{where}#ann={a.get('id')}", f"{reason}: {bb}")
             if box is not None:
                 boxes.append({"category": cat, "bbox": box})
@@ -189,6 +198,7 @@ def coco_pages(json_path: str | Path, images_dir: str | Path | None = None, text
         if not pieces:
             skips.add(where, "no text: no text cells" + (" and OCR found none" if ocr_fn else " and OCR disabled"))
             continue
-        yield {"id": f"{source}-{Path(entry['file_name']).stem}", "image": image, "width": w, "height": h,
+        # the file name as given (relative path, suffix kept): unique within the json by construction
+        yield {"id": f"{source}-{Path(entry['file_name']).as_posix()}", "image": image, "width": w, "height": h,
                "spans": spans_by_box(pieces, boxes), "boxes": boxes, "source": source,
                "doc_id": doc_id_of(entry, source)}

@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+from gsdistill.errors import GsdistillError
+
 log = logging.getLogger("gsdistill.data")
 
 
-class DataError(ValueError):
+class DataError(GsdistillError, ValueError):
     """An input file that cannot be turned into page tuples; the message names the file and why."""
 
 
@@ -36,7 +38,19 @@ class SkipLog:
         return iter(self.items)
 
     def reasons(self) -> Counter:
-        return Counter(item["reason"].split(":")[0] for item in self.items)
+        return Counter(reason_key(item["reason"]) for item in self.items)
+
+
+def reason_key(reason: str) -> str:
+    """The kind of a skip reason for summaries: the text before the first colon that is not inside
+    brackets ("unreadable PDF (EmptyFileError: ...)" -> "unreadable PDF", "no text: ..." -> "no text")."""
+    depth = 0
+    for i, ch in enumerate(reason):
+        depth += ch in "([{"
+        depth -= ch in ")]}" and depth > 0
+        if ch == ":" and depth == 0:
+            return reason[:i].strip()
+    return reason.split("(")[0].strip() or reason
 
 
 def ensure_log(skips: SkipLog | None) -> SkipLog:

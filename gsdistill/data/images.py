@@ -160,7 +160,7 @@ def image_pages(path: str | Path, skips: SkipLog | None = None, ocr_fn: OcrFn | 
     path, skips = Path(path), ensure_log(skips)
     ocr_fn = ocr_fn or tesseract_ocr
     frames = load_image(path, max_pixels)
-    doc_id = doc_id or path.stem
+    doc_id = doc_id or path.name
     for n, image in enumerate(frames):
         page_id = doc_id if len(frames) == 1 else f"{doc_id}-f{n + 1:03d}"
         page = ocr_page(image, page_id, doc_id, source, ocr_fn)

@@ -37,7 +37,7 @@ DOCBANK_TO_DOCLAYNET: dict[str, str] = {
     "date": "Text",
     "equation": "Formula",
     "figure": "Picture",
-    "footer": "Page-footer",
+    "footer": "Footnote",    # DocBank's "footer" marks footnotes (all 10 sample pages that use it)
     "list": "List-item",
     "paragraph": "Text",
     "reference": "List-item",  # DocLayNet's guideline boxes each bibliography entry as a List-item

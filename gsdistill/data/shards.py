@@ -1,4 +1,4 @@
-"""Page-tuple store: WebDataset-layout tar shards plus a manifest.
+"""Page-tuple store: WebDataset-layout tar shards plus a manifest (written by ``shard_writer``).
 
 Layout of ``out_dir``::
 
@@ -7,121 +7,32 @@ Layout of ``out_dir``::
     embeddings/          optional cached text embeddings (gsdistill.data.text_cache), one .npz per shard
 
 The tar members of one page are consecutive, as WebDataset expects, so the same shards stream
-from local disk or object storage with any WebDataset reader. ``ShardDataset`` streams them back,
-split by rank and DataLoader worker, with a seeded shuffle buffer, resumable, images decoded lazily.
+from local disk or object storage with any WebDataset reader (``webdataset.WebDataset(urls)``
+yields every page as ``{"__key__", "png", "json"}``). ``ShardDataset`` streams them back split
+**by shard** over ranks x DataLoader workers (``shard_split``: each reader streams one contiguous
+run of the epoch's shards and opens only those), with a seeded shard order and shuffle buffer, resumable mid-epoch without decoding or
+augmenting the pages it skips; images are decoded lazily.
 """
 from __future__ import annotations
 
 import io
 import json
-import re
 import tarfile
-import time
-from collections import Counter
+import warnings
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterator
 
 import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
-from tqdm import tqdm
 
-from gsdistill.data.errors import DataError, SkipLog
+from gsdistill.data.errors import DataError
+from gsdistill.data.shard_split import ShardPart, batches_before, reader_page_count, reader_parts
+from gsdistill.data.shard_writer import FORMAT, MANIFEST, page_json, sample_key, write_shards
 
-FORMAT = "gsdistill-shards/1"
-MANIFEST = "manifest.json"
-
-
-def sample_key(page_id: str) -> str:
-    """WebDataset keys may not contain dots or slashes (they separate key and extension)."""
-    return re.sub(r"[^A-Za-z0-9_\-]", "_", str(page_id))
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime = len(data), 0  # fixed mtime: identical inputs give identical shards
-    tar.addfile(info, io.BytesIO(data))
-
-
-def _image_bytes(image: Image.Image, fmt: str, quality: int) -> bytes:
-    buf = io.BytesIO()
-    image = image.convert("RGB")
-    if fmt == "png":
-        image.save(buf, format="PNG", compress_level=1)  # fast: shards are written often, read more
-    else:
-        image.save(buf, format="JPEG", quality=quality)
-    return buf.getvalue()
-
-
-def page_json(page: dict) -> dict:
-    return {k: v for k, v in page.items() if k != "image" and not k.endswith("_emb")}
-
-
-def write_shards(pages: Iterable[dict], out_dir: str | Path, pages_per_shard: int = 256,
-                 image_format: str = "png", jpeg_quality: int = 90, skips: SkipLog | None = None,
-                 progress: bool = True, total: int | None = None) -> dict:
-    """Write ``pages`` as shards + manifest into ``out_dir``; return the manifest.
-
-    ``skips``: the builders' skip log; its entries (input, reason) are copied into the manifest.
-    Pages without an image or without any text span are themselves skipped and recorded.
-    """
-    if image_format not in ("png", "jpg"):
-        raise ValueError(f"image_format must be png or jpg, got {image_format!r}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("shard-*.tar"):
-        old.unlink()
-    local_skips = SkipLog()
-    shards, classes, pages_with = [], Counter(), Counter()
-    sources, docs, seen = Counter(), set(), set()
-    n_spans = 0
-    tar, count = None, 0
-
-    def close():
-        nonlocal tar
-        if tar is not None:
-            tar.close()
-            tmp = out / (shards[-1]["name"] + ".tmp")
-            tmp.replace(out / shards[-1]["name"])
-            tar = None
-
-    for page in tqdm(pages, total=total, desc=f"shards -> {out.name}", unit="page", disable=not progress):
-        pid = str(page.get("id", ""))
-        if page.get("image") is None:
-            local_skips.add(pid or "?", "no image")
-            continue
-        if not page.get("spans"):
-            local_skips.add(pid, "no text: page has no spans")
-            continue
-        key = sample_key(pid)
-        if key in seen:
-            raise DataError(f"duplicate page id {pid!r} (key {key!r}); ids must be unique in a shard set")
-        seen.add(key)
-        if tar is None or count == pages_per_shard:
-            close()
-            shards.append({"name": f"shard-{len(shards):06d}.tar", "pages": 0})
-            tar, count = tarfile.open(out / (shards[-1]["name"] + ".tmp"), "w"), 0
-        _add(tar, f"{key}.{image_format}", _image_bytes(page["image"], image_format, jpeg_quality))
-        _add(tar, f"{key}.json", json.dumps(page_json(page), ensure_ascii=False).encode())
-        count += 1
-        shards[-1]["pages"] += 1
-        cats = [b["category"] for b in page.get("boxes", [])]
-        classes.update(cats)
-        pages_with.update(set(cats))
-        sources[page.get("source", "?")] += 1
-        docs.add(page.get("doc_id", pid))
-        n_spans += len(page["spans"])
-    close()
-    skipped = list(skips or []) + list(local_skips)
-    n_pages = sum(s["pages"] for s in shards)
-    manifest = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "pages": n_pages,
-                "documents": len(docs), "spans": n_spans, "shards": shards, "boxes_per_class": dict(classes),
-                "pages_with_class": dict(pages_with), "sources": dict(sources),
-                "skipped_count": len(skipped), "skip_reasons": dict(Counter(s["reason"].split(":")[0] for s in skipped)),
-                "skipped": skipped}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
-    return manifest
+__all__ = ["FORMAT", "MANIFEST", "ShardDataset", "decode_sample", "iter_tar", "list_shards", "page_json",
+           "read_manifest", "read_pages", "sample_key", "write_shards"]
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -148,11 +59,17 @@ def list_shards(path: str | Path) -> list[Path]:
     return files
 
 
+def _open_shard(path: Path) -> BinaryIO:
+    """Every shard byte a reader gets comes through here (one place to swap in remote storage)."""
+    return open(path, "rb")
+
+
 def iter_tar(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """(key, {extension: bytes}) per sample, grouping consecutive members with the same key."""
+    """(key, {extension: bytes}) per sample, grouping consecutive members with the same key;
+    the tar is streamed front to back once (``r|``), as from object storage."""
     key, parts = None, {}
     try:
-        with tarfile.open(path, "r") as tar:
+        with _open_shard(Path(path)) as fh, tarfile.open(fileobj=fh, mode="r|") as tar:
             for member in tar:
                 if not member.isfile():
                     continue
@@ -181,17 +98,27 @@ def decode_sample(key: str, parts: dict[str, bytes], source: str, decode_images:
     return page
 
 
-def _split() -> tuple[int, int]:
+def _dist() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
 
 
-class ShardDataset(IterableDataset):
-    """Stream page tuples from shards; each (rank, worker) takes every ``splits``-th page.
+def _shard_pages(path: Path, files: list[Path]) -> list[int]:
+    if path.is_dir():
+        return [int(s["pages"]) for s in read_manifest(path)["shards"]]
+    return [sum(1 for _ in iter_tar(f)) for f in files]
 
+
+class ShardDataset(IterableDataset):
+    """Stream page tuples from shards, each (rank, worker) reader reading only its own shards.
+
+    Epoch ``e`` visits the shards in an order seeded by ``(seed, e)`` (stored order when
+    ``shuffle_buffer`` <= 1) and shuffles each reader's pages through a buffer seeded by
+    ``(seed, e, reader)``. Resuming: ``load_state_dict`` (one process: pages already yielded) or
+    ``skip_batches`` (a DataLoader's batches already consumed, over any number of workers). Skipped
+    pages are read (the shuffle needs them) but never decoded, given embeddings or transformed.
     Cached embeddings (``text_cache``) are attached as ``sem_emb`` etc. when present and current.
-    ``state_dict()/load_state_dict()`` resume a single-process stream after the pages already yielded.
     """
 
     def __init__(self, path: str | Path, shuffle_buffer: int = 0, seed: int = 0, rank: int | None = None,
@@ -200,11 +127,12 @@ class ShardDataset(IterableDataset):
         self.path = Path(path)
         self.files = list_shards(self.path)
         self.shuffle_buffer, self.seed = int(shuffle_buffer), int(seed)
-        dist_rank, dist_world = _split()
+        dist_rank, dist_world = _dist()
         self.rank = dist_rank if rank is None else int(rank)
         self.world_size = dist_world if world_size is None else int(world_size)
         self.decode_images, self.transform = decode_images, transform
-        self.epoch, self._skip = 0, 0
+        self.epoch, self._skip, self._skip_batches = 0, 0, None
+        self._pages_per_shard: list[int] | None = None
         self.embeddings = None
         if embeddings:
             from gsdistill.data.text_cache import open_embeddings
@@ -219,22 +147,49 @@ class ShardDataset(IterableDataset):
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self._skip = int(state["epoch"]), int(state["yielded"])
 
-    def _pages(self, split: int, splits: int) -> Iterator[dict]:
-        index = 0
-        for f in self.files:
-            emb = self.embeddings.for_shard(f) if self.embeddings is not None else None
-            for key, parts in iter_tar(f):
-                if index % splits == split:
-                    page = decode_sample(key, parts, str(f), self.decode_images)
-                    if emb is not None:
-                        page.update(emb(key))
-                    yield page
-                index += 1
+    def skip_batches(self, batches: int, batch_size: int) -> None:
+        """Start the next iteration after the first ``batches`` batches of ``batch_size`` pages that a
+        DataLoader (``drop_last=True``, any ``num_workers``) over this dataset would return."""
+        self._skip_batches = (int(batches), int(batch_size))
 
-    def _shuffled(self, pages: Iterator[dict], rng: np.random.Generator) -> Iterator[dict]:
-        buf: list[dict] = []
-        for page in pages:
-            buf.append(page)
+    def shard_order(self) -> list[int]:
+        n = len(self.files)
+        if self.shuffle_buffer <= 1:
+            return list(range(n))
+        return [int(i) for i in np.random.default_rng([self.seed, self.epoch]).permutation(n)]
+
+    def pages_per_shard(self) -> list[int]:
+        if self._pages_per_shard is None:
+            self._pages_per_shard = _shard_pages(self.path, self.files)
+        return self._pages_per_shard
+
+    def reader_parts(self, reader: int, readers: int) -> list[ShardPart]:
+        return reader_parts(self.shard_order(), self.pages_per_shard(), reader, readers)
+
+    def _resume(self, workers: int) -> tuple[list[int], int]:
+        """(pages to skip per worker, worker rotation) for the pending ``skip_batches`` / state."""
+        if self._skip_batches is None:
+            return [self._skip] * workers, 0
+        batches, size = self._skip_batches
+        order, readers = self.shard_order(), self.world_size * workers
+        per_worker = [reader_page_count(order, self.pages_per_shard(), self.rank * workers + w, readers) // size
+                      for w in range(workers)]
+        taken, rotation = batches_before(batches, per_worker)
+        return [t * size for t in taken], rotation
+
+    def _raw(self, parts: list[ShardPart]) -> Iterator[tuple[Path, str, dict]]:
+        for part in parts:
+            f = self.files[part.shard]
+            for index, (key, members) in enumerate(iter_tar(f)):
+                if index >= part.stop:
+                    break  # the rest of this shard is another reader's: stop reading it
+                if index >= part.start:
+                    yield f, key, members
+
+    def _shuffled(self, items: Iterator, rng: np.random.Generator) -> Iterator:
+        buf: list = []
+        for item in items:
+            buf.append(item)
             if len(buf) >= self.shuffle_buffer:
                 yield buf.pop(int(rng.integers(len(buf))))
         while buf:
@@ -243,15 +198,29 @@ class ShardDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
         wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
-        split, splits = self.rank * nw + wid, self.world_size * nw
-        stream = self._pages(split, splits)
+        skips, rotation = self._resume(nw)
+        self._skip, self._skip_batches = 0, None
+        wid = (wid + rotation) % nw  # a restarted DataLoader begins its round robin at worker 0
+        reader, readers = self.rank * nw + wid, self.world_size * nw
+        if len(self.files) < readers and reader == 0:
+            warnings.warn(f"{self.path}: {len(self.files)} shards for {readers} readers (ranks x workers): "
+                          "splitting shards by page, so readers read each other's bytes; write more shards "
+                          "(smaller build.pages_per_shard) to split by shard", stacklevel=2)
+        stream = self._raw(self.reader_parts(reader, readers))
         if self.shuffle_buffer > 1:
-            stream = self._shuffled(stream, np.random.default_rng([self.seed, self.epoch, split]))
-        skip, self._skip = self._skip, 0
-        for i, page in enumerate(stream):
+            stream = self._shuffled(stream, np.random.default_rng([self.seed, self.epoch, reader]))
+        skip = skips[wid]
+        emb_for: dict[Path, object] = {}
+        for i, (f, key, members) in enumerate(stream):
             if i < skip:
                 continue
             self._skip = i + 1
+            page = decode_sample(key, members, str(f), self.decode_images)
+            if self.embeddings is not None:
+                if f not in emb_for:
+                    emb_for[f] = self.embeddings.for_shard(f)
+                if emb_for[f] is not None:
+                    page.update(emb_for[f](key))
             yield self.transform(page) if self.transform is not None else page
 
 

@@ -2,10 +2,13 @@
 
 ``MultiCropViews(page)`` draws ``n_global`` global crops (``global_size`` px, area share
 ``global_scale``) and ``n_local`` local crops (``local_size`` px, ``local_scale``) with
-document-appropriate photometric augmentation (colour jitter, a little blur, occasional greyscale;
-no horizontal flip unless ``hflip``: mirrored text is not text). Every pixel-moving transform goes
-through albumentations with the page's span and layout boxes attached, so ``views[i]["boxes"]`` are
-the boxes in that crop's pixels (clipped; boxes that fall outside are dropped with their labels).
+document-appropriate photometric augmentation (colour jitter of strength ``color_jitter``, blur
+with probability ``blur_prob``, occasional greyscale; no horizontal flip unless ``hflip``:
+mirrored text is not text). The views of a page are a pure function of ``(seed, page id)``, so a
+resumed stream need not replay the augmentations of the pages it skips. With ``track_boxes`` the
+page's span and layout boxes go through the same albumentations transforms and
+``views[i]["boxes"]`` are the boxes in that crop's pixels (clipped; boxes that fall outside are
+dropped with their labels); pretraining does not use them, so it is off by default.
 Each student global view also gets an iBOT block mask over its patch grid.
 
 ``collate_pretrain`` stacks samples into the view-major batch the model consumes (see
@@ -13,10 +16,11 @@ Each student global view also gets an iBOT block mask over its patch grid.
 """
 from __future__ import annotations
 
+import zlib
+
 import albumentations as A
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from gsdistill.data.masking import view_mask
 
@@ -24,8 +28,12 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def _pipeline(size: int, scale: tuple[float, float], hflip: bool, color_jitter: float, blur_prob: float) -> A.Compose:
-    ops = [A.RandomResizedCrop(size=(size, size), scale=tuple(scale), ratio=(3 / 4, 4 / 3))]
+def _pipeline(size: int, scale: tuple[float, float], hflip: bool, color_jitter: float, blur_prob: float,
+              track_boxes: bool) -> A.Compose:
+    # area interpolation when shrinking: a page shrunk 5x with plain bilinear sampling aliases away
+    # thin rules and text lines, and the model would learn views unlike any evaluation page image
+    ops = [A.RandomResizedCrop(size=(size, size), scale=tuple(scale), ratio=(3 / 4, 4 / 3),
+                               area_for_downscale="image")]
     if hflip:
         ops.append(A.HorizontalFlip(p=0.5))
     if color_jitter > 0:
@@ -35,6 +43,8 @@ def _pipeline(size: int, scale: tuple[float, float], hflip: bool, color_jitter: 
     if blur_prob > 0:
         ops.append(A.GaussianBlur(blur_limit=(3, 5), p=blur_prob))
     ops.append(A.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD))
+    if not track_boxes:
+        return A.Compose(ops)
     return A.Compose(ops, bbox_params=A.BboxParams(format="pascal_voc", label_fields=["labels"],
                                                    clip=True, min_visibility=0.0, filter_invalid_bboxes=True))
 
@@ -55,13 +65,13 @@ def page_boxes(page: dict) -> tuple[np.ndarray, list[str]]:
 
 
 class MultiCropViews:
-    """Callable: page tuple -> ``{"global_crops", "local_crops", "masks", "global_boxes", "local_boxes",
-    embeddings..., "id"}``; deterministic for (seed, DataLoader worker, call order)."""
+    """Callable: page tuple -> ``{"global_crops", "local_crops", "masks", embeddings..., "id"}`` (plus
+    ``"global_boxes"``, ``"local_boxes"`` with ``track_boxes``); deterministic for (seed, page id)."""
 
     def __init__(self, global_size: int = 224, local_size: int = 96, n_global: int = 2, n_local: int = 8,
                  global_scale=(0.32, 1.0), local_scale=(0.05, 0.32), patch_size: int = 16,
                  mask_prob: float = 0.5, mask_ratio=(0.1, 0.5), hflip: bool = False, color_jitter: float = 0.4,
-                 blur_prob: float = 0.1, max_spans: int = 32, seed: int = 0):
+                 blur_prob: float = 0.1, max_spans: int = 32, seed: int = 0, track_boxes: bool = False):
         if global_size % patch_size:
             raise ValueError(f"global_size={global_size} is not a multiple of patch_size={patch_size}")
         if n_global < 1:
@@ -69,33 +79,34 @@ class MultiCropViews:
         self.n_global, self.n_local, self.max_spans = n_global, n_local, max_spans
         self.grid = (global_size // patch_size, global_size // patch_size)
         self.mask_prob, self.mask_ratio = float(mask_prob), tuple(mask_ratio)
-        self.global_tf = _pipeline(global_size, global_scale, hflip, color_jitter, blur_prob)
-        self.local_tf = _pipeline(local_size, local_scale, hflip, color_jitter, blur_prob)
+        self.track_boxes = bool(track_boxes)
+        self.global_tf = _pipeline(global_size, global_scale, hflip, color_jitter, blur_prob, self.track_boxes)
+        self.local_tf = _pipeline(local_size, local_scale, hflip, color_jitter, blur_prob, self.track_boxes)
         self.seed = int(seed)
-        self._rng: np.random.Generator | None = None
 
-    def _generator(self) -> np.random.Generator:
-        if self._rng is None:  # created lazily so each DataLoader worker gets its own stream
-            info = get_worker_info()
-            self._rng = np.random.default_rng([self.seed, 0 if info is None else info.id + 1])
-        return self._rng
-
-    def _view(self, tf: A.Compose, image: np.ndarray, boxes: np.ndarray, labels: list[str]) -> tuple:
-        tf.set_random_seed(int(self._generator().integers(2**31)))
-        out = tf(image=image, bboxes=boxes, labels=labels)
+    def _view(self, tf: A.Compose, rng: np.random.Generator, image: np.ndarray, boxes) -> tuple:
+        tf.set_random_seed(int(rng.integers(2**31)))
+        if boxes is None:
+            out = tf(image=image)
+        else:
+            out = tf(image=image, bboxes=boxes[0], labels=boxes[1])
         tensor = torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1))).float()
+        if boxes is None:
+            return tensor, None
         return tensor, {"bboxes": np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4),
                         "labels": list(out["labels"])}
 
     def __call__(self, page: dict) -> dict:
         image = np.asarray(page["image"].convert("RGB"))
-        boxes, labels = page_boxes(page)
-        rng = self._generator()
-        g = [self._view(self.global_tf, image, boxes, labels) for _ in range(self.n_global)]
-        loc = [self._view(self.local_tf, image, boxes, labels) for _ in range(self.n_local)]
+        boxes = page_boxes(page) if self.track_boxes else None
+        rng = np.random.default_rng([self.seed, zlib.crc32(str(page["id"]).encode("utf-8"))])
+        g = [self._view(self.global_tf, rng, image, boxes) for _ in range(self.n_global)]
+        loc = [self._view(self.local_tf, rng, image, boxes) for _ in range(self.n_local)]
         masks = [torch.from_numpy(view_mask(self.grid, self.mask_prob, self.mask_ratio, rng)) for _ in g]
         sample = {"id": page["id"], "global_crops": [t for t, _ in g], "local_crops": [t for t, _ in loc],
-                  "masks": masks, "global_boxes": [b for _, b in g], "local_boxes": [b for _, b in loc]}
+                  "masks": masks}
+        if self.track_boxes:
+            sample["global_boxes"], sample["local_boxes"] = [b for _, b in g], [b for _, b in loc]
         for key in ("sem_emb", "geom_emb"):
             if key in page:
                 sample[key] = np.asarray(page[key], dtype=np.float32)[: self.max_spans]

@@ -2,6 +2,12 @@
 
 Config keys (``configs/detect/default.yaml``) come as trailing ``key=value`` arguments, after an
 optional ``--config`` experiment file, as in every gsdistill stage.
+
+A ``.pt`` file is a pickle, i.e. a program: one from an untrusted source can run code when loaded.
+``val``, ``predict``, ``train model=`` and ``train resume=`` load with Ultralytics' weights_only path
+(``safe_load=true``, the default) and refuse a file that names anything but torch / Ultralytics / timm /
+gsdistill layer classes. ``safe_load=false`` (or Ultralytics' own ``ULTRALYTICS_SAFE_LOAD``, which
+switches every load of a process to that path) is for files you made yourself.
 """
 from __future__ import annotations
 
@@ -23,7 +29,8 @@ def _names(spec: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gsdistill detect", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="gsdistill detect", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("convert", help="COCO json / official release / synthetic pages -> Ultralytics data YAML")
@@ -46,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True, help="output folder (images/, labels/, data.yaml)")
 
     for name, help_ in (("export", "write the untrained detector .pt (frozen ViT + pyramid + v10Detect)"),
-                        ("train", "head-only fine-tuning with Ultralytics' trainer (resume=last.pt resumes)"),
+                        ("train", "head-only fine-tuning with Ultralytics' trainer (resume=last.pt resumes; model= and resume= "
+                                   ".pt files load weights_only unless safe_load=false: a .pt is a pickle, i.e. code)"),
                         ("val", "Ultralytics mAP + pycocotools COCOeval on the same predictions"),
                         ("predict", "boxes as JSON + drawn PNG per page of a pdf / image / folder")):
         s = sub.add_parser(name, help=help_)
@@ -54,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--names", default="doclaynet", help="doclaynet | publaynet | comma-separated names")
             s.add_argument("--out", required=True, help="output .pt path")
         if name in ("val", "predict"):
-            s.add_argument("weights", help="Ultralytics .pt (best.pt of a train run)")
+            s.add_argument("weights", help="Ultralytics .pt (best.pt of a train run). WARNING: a .pt is a pickle; one "
+                           "from an untrusted source is code. Loaded weights_only unless safe_load=false")
         if name == "val":
             s.add_argument("data_yaml")
             s.add_argument("--coco-json", help="score against this COCO json (default: the converter's sidecar)")
@@ -131,9 +140,9 @@ def main(argv: list[str]) -> int:
             print(f"{len(out)} pages -> {cfg.predict.out}/ (<page>.json, <page>.png)")
     except ConfigError:
         raise  # reported by gsdistill.cli with exit code 2
-    except (DatasetError, FileNotFoundError, ValueError) as e:
+    except (DatasetError, FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"gsdistill detect {args.command}: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 

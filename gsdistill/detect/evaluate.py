@@ -8,6 +8,7 @@ and category ids of the original COCO json (via the converter's ``coco_eval.json
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -19,6 +20,26 @@ from ultralytics.models.yolo.detect import DetectionValidator  # noqa: E402
 
 from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml  # noqa: E402
 from gsdistill.detect.modules import BACKBONE_LAYER  # noqa: E402
+from gsdistill.detect.safe_load import load_yolo  # noqa: E402
+
+
+def checkpoint_imgsz(model, explicit: int | None, fallback: int) -> int:
+    """Evaluation size: ``explicit`` when set, else the checkpoint's training ``imgsz`` (what Ultralytics
+    itself defaults to), else ``fallback`` (an untrained export has no training size)."""
+    if explicit is not None:
+        return int(explicit)
+    trained = ((getattr(model, "ckpt", None) or {}).get("train_args") or {}).get("imgsz")
+    if isinstance(trained, (list, tuple)):  # Ultralytics allows [h, w]; the detectors here train square
+        trained = max(trained)
+    return int(trained) if trained else int(fallback)
+
+
+def val_dir_name(weights: str | Path) -> str:
+    """``<run>_<stem>_<hash>_val``: two ``best.pt`` of different runs never share (and overwrite) a report folder."""
+    path = Path(weights).resolve()
+    run = path.parent.parent.name if path.parent.name == "weights" else path.parent.name
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    return f"{run}_{path.stem}_{digest}_val"
 
 
 class PredictionRecordingValidator(DetectionValidator):
@@ -108,11 +129,10 @@ def validate(weights: str | Path, data_yaml: str | Path, coco_json: str | Path |
 
     Keys: ``mAP50``, ``mAP50-95`` (Ultralytics), ``coco_mAP50``, ``coco_mAP50-95`` (pycocotools; None
     when no COCO json is known), ``per_class`` (``{name: {"AP50", "AP50-95", "coco_AP50",
-    "coco_AP50-95"}}``), ``params_total``, ``params_trainable``, ``save_dir``. The report is also
-    written to ``<save_dir>/report.json``.
+    "coco_AP50-95"}}``), ``params_total``, ``params_trainable``, ``imgsz`` (``val.imgsz``, else the
+    checkpoint's training size), ``weights``, ``save_dir`` (``<project>/<run>_<stem>_<hash of the weights
+    path>_val``). The report is also written to ``<save_dir>/report.json``.
     """
-    from ultralytics import YOLO
-
     from gsdistill.config import load_config
     from gsdistill.detect.checks import split_dir
     from gsdistill.detect.pipeline import resolve_device
@@ -122,15 +142,14 @@ def validate(weights: str | Path, data_yaml: str | Path, coco_json: str | Path |
     data = read_data_yaml(data_yaml)
     split = str(cfg.val.split)
     check_yolo_dataset(data_yaml, splits=(split,), allow_empty_labels=bool(cfg.data_check.allow_empty_labels))
-    if not Path(weights).is_file():
-        raise FileNotFoundError(f"weights: {weights} does not exist")
-    model = YOLO(str(weights))
+    model = load_yolo(weights, safe=bool(cfg.safe_load))
     train_args = (model.ckpt or {}).get("train_args") or {}
     frozen = bool(train_args.get("freeze")) if train_args else bool(cfg.frozen)
-    save_dir = Path(cfg.project).resolve() / f"{Path(weights).stem}_val"
+    imgsz = checkpoint_imgsz(model, cfg.val.imgsz, cfg.imgsz)
+    save_dir = Path(cfg.project).resolve() / val_dir_name(weights)
     (save_dir / "predictions.json").unlink(missing_ok=True)  # never score a previous run's boxes
     metrics = model.val(validator=PredictionRecordingValidator, data=str(data_yaml), split=split,
-                        imgsz=cfg.imgsz, batch=cfg.batch, conf=cfg.val.conf, iou=cfg.val.iou,
+                        imgsz=imgsz, batch=cfg.batch, conf=cfg.val.conf, iou=cfg.val.iou,
                         max_det=cfg.val.max_det, device=resolve_device(cfg.device), plots=False,
                         save_json=True, project=str(save_dir.parent), name=save_dir.name, exist_ok=True,
                         verbose=False, workers=cfg.workers)
@@ -141,7 +160,8 @@ def validate(weights: str | Path, data_yaml: str | Path, coco_json: str | Path |
     total, trainable = param_counts(model.model, frozen)
     report = {"mAP50": float(metrics.box.map50), "mAP50-95": float(metrics.box.map),
               "coco_mAP50": None, "coco_mAP50-95": None, "per_class": per_class,
-              "params_total": total, "params_trainable": trainable, "save_dir": str(save_dir)}
+              "params_total": total, "params_trainable": trainable, "imgsz": imgsz, "weights": str(Path(weights).resolve()),
+              "save_dir": str(save_dir)}
     sidecar = _sidecar_for(data_yaml, split, coco_json, names, split_dir(data_yaml, data, split))
     if cfg.val.coco and sidecar is not None:
         pred_file = save_dir / "predictions.json"

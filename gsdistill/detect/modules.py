@@ -2,7 +2,8 @@
 
 Layer plan of the generated model YAML (see :func:`detector_yaml`)::
 
-    0  ViTBackbone            image -> last-block tokens as a stride-16 map  [B, C, H/16, W/16]
+    0  ViTBackbone            /255 image -> ImageNet mean/std -> last-block tokens as a stride-16 map
+                              [B, C, H/16, W/16]
     1  SimpleFeaturePyramid   stride-16 map -> [P3 (s8), P4 (s16), P5 (s32)], c_out channels each
     2-4 Index                 pick P3 / P4 / P5 out of the list (parse_model needs one tensor per layer)
     5  v10Detect              YOLOv10's NMS-free head (one-to-many + one-to-one branches)
@@ -25,6 +26,11 @@ from ultralytics.nn import tasks as ul_tasks
 from ultralytics.nn.modules import Conv
 
 BACKBONE_LAYER = 0  # index of the ViT layer in the generated YAML: the value given to freeze=
+# The pretraining views and retrieval normalise pages with ImageNet mean/std (gsdistill.data.views);
+# Ultralytics feeds the model image / 255. Python floats, not buffers: Ultralytics saves checkpoints in
+# fp16, and a buffer would come back as the fp16 rounding of these constants.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class ViTBackbone(nn.Module):
@@ -37,13 +43,17 @@ class ViTBackbone(nn.Module):
         frozen: when true the ViT stays in eval mode whatever ``.train()`` asks (no dropout,
             drop-path or norm-statistic updates) and runs without autograd. The weights themselves
             are frozen by Ultralytics' ``freeze=[0]``, which also keeps ``requires_grad`` off.
+        normalize: the input is Ultralytics' ``image / 255`` (RGB, 0..1); the ViT sees
+            ``(x - mean) / std`` with ImageNet's mean/std, exactly what it was pretrained on. Being
+            part of the module, ``YOLO(best.pt)``, ``model.predict`` and an ONNX export all get it.
     """
 
-    def __init__(self, model_name: str, kwargs: dict, frozen: bool = True):
+    def __init__(self, model_name: str, kwargs: dict, frozen: bool = True, normalize: bool = True):
         super().__init__()
         kw = dict(kwargs)
         kw["dynamic_img_size"] = True
         self.frozen = bool(frozen)
+        self.normalize = bool(normalize)
         self.vit = timm.create_model(model_name, pretrained=False, **kw)
         self.embed_dim = int(self.vit.embed_dim)
         self.patch_size = int(self.vit.patch_embed.patch_size[0])
@@ -58,6 +68,11 @@ class ViTBackbone(nn.Module):
         h, w = x.shape[-2:]
         if h % self.patch_size or w % self.patch_size:
             raise ValueError(f"ViTBackbone: input {h}x{w} is not a multiple of the patch size {self.patch_size}")
+        # checkpoints written before the normalisation existed lack the attribute: they trained on /255
+        if getattr(self, "normalize", False):
+            mean = torch.tensor(IMAGENET_MEAN, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+            std = torch.tensor(IMAGENET_STD, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+            x = (x - mean) / std
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
             feats = self.vit.forward_intermediates(x, indices=1, norm=True, output_fmt="NCHW",
                                                    intermediates_only=True)

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -23,6 +24,7 @@ from gsdistill.config import save_config, to_dict  # noqa: E402
 from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml  # noqa: E402
 from gsdistill.detect.evaluate import param_counts, validate  # noqa: E402,F401  (validate: public entry point)
 from gsdistill.detect.run_logging import add_run_callbacks  # noqa: E402
+from gsdistill.detect.safe_load import load_yolo, register_extra_globals, restricted_loading  # noqa: E402
 from gsdistill.detect.modules import BACKBONE_LAYER, detector_yaml  # noqa: E402
 from gsdistill.models.backbone import backbone_kwargs, create_backbone, load_backbone, read_backbone_meta  # noqa: E402
 
@@ -67,21 +69,38 @@ def export_detector(backbone_dir: Path | None, names: list[str], cfg: DictConfig
     rounding of the exported fp32 backbone; training keeps exactly those values.
     """
     out_path = Path(out_path)
+    params_path = out_path.with_name("params.json")
+    _check_params_json(params_path, out_path)  # before anything is written
     out_path.parent.mkdir(parents=True, exist_ok=True)
     det = build_detector(backbone_dir, len(names), cfg, names)
     det.save(str(out_path))
     total, trainable = param_counts(det.model, frozen=bool(cfg.frozen))
-    info = {"weights": str(out_path), "backbone": det.model.yaml["gsdistill"]["backbone"], "nc": len(names),
+    info = {"weights": str(out_path.resolve()), "backbone": det.model.yaml["gsdistill"]["backbone"], "nc": len(names),
             "names": list(names), "params_total": total, "params_trainable": trainable}
-    out_path.with_name("params.json").write_text(json.dumps(info, indent=1))
+    params_path.write_text(json.dumps(info, indent=1))
     return out_path
+
+
+def _check_params_json(params_path: Path, out_path: Path) -> None:
+    """Refuse to replace a ``params.json`` that describes another file (another export, or a train run's)."""
+    if not params_path.exists():
+        return
+    try:
+        owner = json.loads(params_path.read_text()).get("weights")
+    except (OSError, ValueError, AttributeError):
+        owner = None
+    if owner is None or Path(owner).resolve() != out_path.resolve():
+        raise FileExistsError(f"{params_path} already exists and describes {owner or 'something else'}, not "
+                              f"{out_path}; export into another folder (each export writes params.json beside "
+                              "its .pt) or remove that file")
 
 
 def train_args(cfg: DictConfig, data_yaml: str, run_dir: Path) -> dict:
     """Ultralytics ``train()`` keyword arguments from the gsdistill config."""
     args = {k: cfg[k] for k in ("epochs", "imgsz", "batch", "workers", "optimizer", "lr0", "lrf", "weight_decay",
-                                "warmup_epochs", "cos_lr", "seed", "amp", "patience", "save_period", "plots",
-                                "cache")}
+                                "momentum", "warmup_epochs", "warmup_momentum", "warmup_bias_lr", "box", "cls", "dfl",
+                                "cos_lr", "seed", "amp", "patience", "save_period", "plots", "cache")}
+    args["nbs"] = int(cfg.nbs) if cfg.nbs is not None else int(cfg.batch)  # null: one optimizer step per batch
     args.update(to_dict(cfg.augment))
     args.update(data=str(data_yaml), device=resolve_device(cfg.device), project=str(run_dir.parent),
                 name=run_dir.name, exist_ok=True, val=bool(cfg.val_during_training), deterministic=True,
@@ -115,9 +134,14 @@ def train_head(cfg: DictConfig, callbacks: dict[str, list] | None = None) -> Pat
     if cfg.resume:
         last = _resume_checkpoint(str(cfg.resume))
         run_dir = last.parent.parent
-        model = YOLO(str(last))
+        safe = bool(cfg.safe_load)
+        model = load_yolo(last, safe=safe)
         _attach(model, run_dir, callbacks)
-        model.train(resume=True, device=resolve_device(cfg.device), workers=cfg.workers)
+        # the trainer unpickles last.pt (and later best.pt) again itself: keep those loads restricted too
+        with restricted_loading() if safe else contextlib.nullcontext():
+            if safe:
+                register_extra_globals(last)
+            model.train(resume=True, device=resolve_device(cfg.device), workers=cfg.workers)
         return run_dir
     if not cfg.data:
         raise ValueError("detect train: set data=<data YAML> (make one with `gsdistill detect convert`)")
@@ -131,7 +155,7 @@ def train_head(cfg: DictConfig, callbacks: dict[str, list] | None = None) -> Pat
                                                                 run_dir / "init" / "detector.pt")
     if not weights.is_file():
         raise FileNotFoundError(f"model: {weights} does not exist (make one with `gsdistill detect export`)")
-    model = YOLO(str(weights))
+    model = load_yolo(weights, safe=bool(cfg.safe_load))
     _attach(model, run_dir, callbacks)
     model.train(**train_args(cfg, str(Path(cfg.data).resolve()), run_dir))
     return run_dir

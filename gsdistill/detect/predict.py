@@ -68,27 +68,26 @@ def draw_boxes(image: Image.Image, boxes: list[dict]) -> Image.Image:
 
 def predict(weights: str | Path, source: str | Path, out_dir: str | Path, cfg) -> list[Path]:
     """Detect layout boxes on every page of ``source``; write ``<page>.json`` + ``<page>.png``; return the JSONs."""
-    from ultralytics import YOLO
-
-    import gsdistill.detect.modules  # noqa: F401  (registers the layers before unpickling)
+    from gsdistill.detect.evaluate import checkpoint_imgsz
     from gsdistill.detect.pipeline import resolve_device
+    from gsdistill.detect.safe_load import load_yolo
 
-    if not Path(weights).is_file():
-        raise FileNotFoundError(f"weights: {weights} does not exist")
-    model = YOLO(str(weights))
+    model = load_yolo(weights, safe=bool(cfg.safe_load))  # registers the gsdistill layers before unpickling
+    imgsz = checkpoint_imgsz(model, cfg.predict.imgsz, cfg.imgsz)
     names = model.names
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, image in tqdm(iter_pages(source, dpi=int(cfg.predict.dpi)), desc="predict", unit="page"):
-        result = model.predict(image, imgsz=cfg.imgsz, conf=cfg.predict.conf, max_det=cfg.predict.max_det,
+        result = model.predict(image, imgsz=imgsz, conf=cfg.predict.conf, max_det=cfg.predict.max_det,
                                device=resolve_device(cfg.device), verbose=False)[0]
         boxes = [{"category": names[int(c)], "class_id": int(c), "score": round(float(s), 4),
                   "bbox": [round(float(v), 1) for v in xyxy]}
                  for xyxy, s, c in zip(result.boxes.xyxy.tolist(), result.boxes.conf.tolist(),
                                        result.boxes.cls.tolist())]
         record = {"page": name, "source": str(source), "width": image.width, "height": image.height,
-                  "weights": str(weights), "boxes": boxes}
+                  "weights": str(weights), "imgsz": imgsz,
+                  "boxes": boxes}
         path = out / f"{name}.json"
         path.write_text(json.dumps(record, indent=1))
         draw_boxes(image, boxes).save(out / f"{name}.png")

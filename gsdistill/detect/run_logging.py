@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 
 
@@ -46,24 +47,70 @@ def plot_results(results_csv: Path, out_png: Path) -> Path | None:
     return out_png
 
 
+def _read_report(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError:
+        return {}
+
+
 def add_run_callbacks(model, run_dir: Path) -> None:
-    """Attach the gsdistill callbacks to an Ultralytics ``YOLO`` before ``train()``."""
-    state: dict = {}
+    """Attach the gsdistill callbacks to an Ultralytics ``YOLO`` before ``train()``.
+
+    Besides ``params.json``, TensorBoard and the curves PNG, the run dir gets ``report.json``, rewritten
+    after every epoch: ``optimizer_steps`` (counted by a post-step hook on the trainer's optimizer,
+    so gradient accumulation over ``nbs / batch`` batches counts once), ``steps_at_epoch`` (the count
+    after each finished epoch; a resumed run starts from the count of the epoch it resumes after),
+    ``imgsz``, ``batch``, ``nbs``, ``accumulate``, ``batches_per_epoch``, ``epochs_done``,
+    ``train_seconds`` and the last validation ``metrics`` (after training: best.pt's, from the trainer's
+    final evaluation; none per epoch with ``val_during_training=false``).
+    """
+    report_path = run_dir / "report.json"
+    state: dict = {"steps": 0, "writer": None}
+
+    def write_report(trainer) -> None:
+        report = {"optimizer_steps": state["steps"], "steps_at_epoch": state["steps_at_epoch"],
+                  "epochs_done": len(state["steps_at_epoch"]), "epochs": int(trainer.epochs),
+                  "imgsz": int(trainer.args.imgsz), "batch": int(trainer.batch_size), "nbs": int(trainer.args.nbs),
+                  "accumulate": int(state["accumulate"]), "batches_per_epoch": len(trainer.train_loader),
+                  "train_images": len(trainer.train_loader.dataset),
+                  "train_seconds": round(state["seconds_before"] + time.time() - state["t0"], 1),
+                  "metrics": {k: float(v) for k, v in (trainer.metrics or {}).items()}}
+        report_path.write_text(json.dumps(report, indent=1))
+
+    def count_step(*_args, **_kwargs) -> None:
+        state["steps"] += 1
 
     def on_train_start(trainer):
         _write_params(trainer, run_dir)
+        previous = _read_report(report_path) if trainer.start_epoch > 0 else {}  # a resumed run continues the count
+        done = [int(n) for n in previous.get("steps_at_epoch", [])][:trainer.start_epoch]
+        state.update(steps=done[-1] if done else 0, steps_at_epoch=done, t0=time.time(),
+                     seconds_before=float(previous.get("train_seconds", 0.0)) if done else 0.0,
+                     accumulate=trainer.accumulate)  # nominal accumulation (warm-up ramps up to it)
+        trainer.optimizer.register_step_post_hook(count_step)
 
     def on_fit_epoch_end(trainer):
-        from torch.utils.tensorboard import SummaryWriter
-        writer = state.setdefault("tb", SummaryWriter(str(run_dir / "tensorboard")))
+        if state["writer"] is None:  # one writer (one event file) per run, closed at the end
+            from torch.utils.tensorboard import SummaryWriter
+            state["writer"] = SummaryWriter(str(run_dir / "tensorboard"))
         scalars = {**trainer.label_loss_items(trainer.tloss, prefix="train"), **(trainer.metrics or {})}
+        scalars["optimizer_steps"] = state["steps"]
         for key, value in scalars.items():
-            writer.add_scalar(key, float(value), trainer.epoch + 1)
-        writer.flush()
+            state["writer"].add_scalar(key, float(value), trainer.epoch + 1)
+        state["writer"].flush()
+        if trainer.epoch < trainer.epochs:  # final_eval re-runs this at epochs + 1 to log best.pt's metrics
+            state["steps_at_epoch"] = state["steps_at_epoch"][:trainer.epoch] + [state["steps"]]
+        write_report(trainer)
+
+    def close_writer(_trainer=None):
+        if state["writer"] is not None:
+            state.pop("writer").close()
+            state["writer"] = None
 
     def on_train_end(trainer):
-        if "tb" in state:
-            state.pop("tb").close()
+        close_writer()
+        write_report(trainer)  # metrics of the final validation of best.pt
         results = Path(trainer.save_dir) / "results.csv"
         if results.is_file():
             plot_results(results, run_dir / "plots" / "training.png")
@@ -71,3 +118,4 @@ def add_run_callbacks(model, run_dir: Path) -> None:
     model.add_callback("on_train_start", on_train_start)
     model.add_callback("on_fit_epoch_end", on_fit_epoch_end)
     model.add_callback("on_train_end", on_train_end)
+    model.add_callback("teardown", close_writer)  # also when training stops with an exception

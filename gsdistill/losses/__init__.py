@@ -23,20 +23,21 @@ from gsdistill.losses.noisy import (
 from gsdistill.losses.pairwise_graded import (
     ApproxNDCGLoss, RankNetLoss, approx_ndcg_loss, ranknet_loss,
 )
-from gsdistill.losses.registry import LOSS_KIND, LOSSES, get_loss
+from gsdistill.losses.registry import LOSS_KIND, LOSSES, get_loss, loss_key, loss_kind
 from gsdistill.losses.robust import (
-    AGCELoss, AULLoss, GCELoss, LabelRelaxationLoss, LabelSmoothingLoss, NCELoss,
+    AGCELoss, AULLoss, EvidenceLabelSmoothingLoss, GCELoss, LabelRelaxationLoss, LabelSmoothingLoss,
+    NCEAGCELoss, NCEAULLoss, NCELoss,
 )
 from gsdistill.losses.wasserstein import WassersteinLoss, gaussian_w2_from_samples, wasserstein_loss
 
 __all__ = [
-    "AGCELoss", "AULLoss", "ApproxNDCGLoss", "DINOLoss", "GCELoss", "IBOTPatchLoss", "InfoNCE",
-    "JointLH", "KLListLoss", "KoLeoHybridLoss", "KoLeoLoss", "LOSSES", "LOSS_KIND", "LSEPair",
-    "LabelRelaxationLoss", "LabelSmoothingLoss", "ListNetLoss", "LogitScale", "MPCL",
-    "MultiPositiveBCE", "NCELoss", "Rand1LH", "RankNetLoss", "SingleLH", "SumMargLH",
-    "SupersetPairwiseLoss", "TeacherCentering", "WassersteinLoss", "ambiguity_sets",
-    "approx_ndcg_loss", "gather_with_grad", "gaussian_w2_from_samples", "get_loss", "joint_lh",
-    "kl_list_loss", "listnet_loss", "lse_pair", "multi_positive_bce", "possibility_distribution",
-    "rank_offset", "ranknet_loss", "sinkhorn_knopp", "sum_marg_lh", "superset_pairwise_loss",
-    "wasserstein_loss",
+    "AGCELoss", "AULLoss", "ApproxNDCGLoss", "DINOLoss", "EvidenceLabelSmoothingLoss", "GCELoss",
+    "IBOTPatchLoss", "InfoNCE", "JointLH", "KLListLoss", "KoLeoHybridLoss", "KoLeoLoss", "LOSSES",
+    "LOSS_KIND", "LSEPair", "LabelRelaxationLoss", "LabelSmoothingLoss", "ListNetLoss",
+    "LogitScale", "MPCL", "MultiPositiveBCE", "NCEAGCELoss", "NCEAULLoss", "NCELoss", "Rand1LH",
+    "RankNetLoss", "SingleLH", "SumMargLH", "SupersetPairwiseLoss", "TeacherCentering",
+    "WassersteinLoss", "ambiguity_sets", "approx_ndcg_loss", "gather_with_grad",
+    "gaussian_w2_from_samples", "get_loss", "joint_lh", "kl_list_loss", "listnet_loss", "loss_key",
+    "loss_kind", "lse_pair", "multi_positive_bce", "possibility_distribution", "rank_offset",
+    "ranknet_loss", "sinkhorn_knopp", "sum_marg_lh", "superset_pairwise_loss", "wasserstein_loss",
 ]

@@ -24,9 +24,18 @@ def _all_reduce_max(x: Tensor) -> Tensor:
     return out
 
 
+def _local_max(x: Tensor, dim: int | None = None) -> Tensor:
+    """``x.max()`` (or over ``dim``, keepdim) that is ``-inf`` for a rank holding no rows, so an
+    empty rank still joins the max all-reduce (a masked-patch batch can be empty on one rank)."""
+    if x.numel():
+        return x.max() if dim is None else x.max(dim=dim, keepdim=True).values
+    shape = () if dim is None else (1, x.shape[1])
+    return torch.full(shape, float("-inf"), dtype=x.dtype, device=x.device)
+
+
 def _global_logsumexp_over_batch(x: Tensor) -> Tensor:
     """``log sum_b exp(x[b, k])`` over the batch rows of all ranks -> ``[1, K]``."""
-    peak = _all_reduce_max(x.max(dim=0, keepdim=True).values)
+    peak = _all_reduce_max(_local_max(x, dim=0))
     return peak + torch.log(all_reduce_sum(torch.exp(x - peak).sum(dim=0, keepdim=True)))
 
 
@@ -38,7 +47,9 @@ def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3)
     divided by its sum and by K, each sample column by its sum and by B_global; finally ``Q * B``,
     transposed. DINOv2 / SwAV; paper 003 Table A2 (3 iterations, teacher temperature 0.04).
     After the last step every sample's row sums to 1 and each prototype's mass tends to B/K.
-    Computed in float32 (float64 if given). When ``(max t - min t) / T <= 60`` (the usual case: the
+    Computed in float32 (float64 if given). A rank with no rows (``B = 0``: no masked patch in its
+    share of the batch) takes part in every all-reduce and gets ``[0, K]``; no row anywhere -> ``[0, K]``.
+    When ``(max t - min t) / T <= 60`` (the usual case: the
     DINO head's last layer is weight-normalised, so its logits are bounded) it runs in the exp
     domain after subtracting the global max, as DINOv2 does; otherwise the same arithmetic runs in
     the log domain (each division a logsumexp subtraction), so no input overflows or underflows.
@@ -51,8 +62,10 @@ def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3)
     x = teacher_logits.detach().to(dtype)
     n_protos = x.shape[1]
     n_global = int(all_reduce_sum(torch.tensor(x.shape[0], device=x.device)).item())
-    peak = _all_reduce_max(x.max())
-    span = (peak + _all_reduce_max(-x.min())) / temperature
+    if n_global == 0:  # every rank agrees (the count is all-reduced), so none waits in a collective
+        return teacher_logits.detach().clone()
+    peak = _all_reduce_max(_local_max(x))
+    span = (peak + _all_reduce_max(_local_max(-x))) / temperature
     if float(span) <= _EXP_SAFE_SPAN:
         return _sinkhorn_exp(x, peak, temperature, n_iters, n_protos, n_global).to(teacher_logits.dtype)
     log_q = x / temperature  # [B, K]: log Q^T up to a constant
@@ -127,5 +140,7 @@ class TeacherCentering(nn.Module):
         """EMA of the global batch mean of the teacher logits."""
         total = all_reduce_sum(teacher_logits.detach().float().sum(dim=0, keepdim=True))
         count = all_reduce_sum(torch.tensor(float(teacher_logits.shape[0]), device=total.device))
-        batch_mean = (total / count.clamp(min=1.0)).to(self.center.device)
+        if float(count) == 0:  # no row on any rank (no masked patch): nothing to average
+            return
+        batch_mean = (total / count).to(self.center.device)
         self.center.mul_(self.center_momentum).add_(batch_mean, alpha=1.0 - self.center_momentum)

@@ -11,12 +11,17 @@ from gsdistill.losses.validation import check_scores
 class IBOTPatchLoss(TeacherCentering):
     """Per-masked-patch cross-entropy, each image weighted equally.
 
-    ``L = sum_m w_m CE_m / #{images with >= 1 masked patch}``, ``CE_m = -sum_k q_m,k log softmax(
-    s_m / T_s)_k``, ``w_m = 1 / (masked patches in m's image)`` (DINOv2's weighting of paper 003
-    §4.4's mean over masked patches, so large masks do not dominate). Shapes:
+    ``L = sum_m w_m CE_m / B``, ``CE_m = -sum_k q_m,k log softmax(s_m / T_s)_k``,
+    ``w_m = 1 / (masked patches in m's image)``, ``B = masks.shape[0]`` = every image of the batch,
+    masked or not (DINOv2's ``iBOTPatchLoss.forward_masked``: ``-loss.sum() / masks.shape[0]``; its
+    weighting of paper 003 §4.4's mean over masked patches, so large masks do not dominate).
+    Dividing by all images, not by the masked ones, makes the loss a sum over images with a fixed
+    normaliser: N ranks with B images each (losses and gradients averaged over ranks, as DDP does)
+    give exactly one process with N*B images whichever rank the masks fall on. Shapes:
     ``student_patch_logits: [M, K]``, ``teacher_patch_probs: [M, K]`` (from ``teacher_probs``),
     ``masks: bool[B, P]``; row m is the m-th True of ``masks`` in row-major order
-    (``masks.nonzero()`` order), so ``M == masks.sum()``. No masked patch -> 0 (on the graph).
+    (``masks.nonzero()`` order), so ``M == masks.sum()``. No masked patch -> 0, still on the graph
+    (the student head gets zero gradients, so DDP's gradient all-reduce sees every parameter).
     """
 
     def __init__(self, out_dim: int, student_temp: float = 0.1, center_momentum: float = 0.9) -> None:
@@ -39,7 +44,7 @@ class IBOTPatchLoss(TeacherCentering):
             raise ValueError(f"IBOTPatchLoss: patch logits shape {tuple(student_patch_logits.shape)} "
                              f"does not match (masks.sum()={n_masked}, out_dim={self.out_dim})")
         if n_masked == 0:
-            return student_patch_logits.sum() * 0.0
+            return student_patch_logits.float().sum().to(student_patch_logits.dtype) * 0.0
         masks = masks.to(student_patch_logits.device)
         logits = student_patch_logits
         if logits.dtype != torch.float64:  # fp32 at least: bf16/fp16 logits lose the tail
@@ -49,5 +54,4 @@ class IBOTPatchLoss(TeacherCentering):
         per_image = masks.sum(dim=1)
         image_of_patch = masks.nonzero()[:, 0]
         weights = 1.0 / per_image[image_of_patch].to(ce.dtype)
-        n_images = int((per_image > 0).sum())
-        return ((weights * ce).sum() / n_images).to(student_patch_logits.dtype)
+        return ((weights * ce).sum() / masks.shape[0]).to(student_patch_logits.dtype)

@@ -14,7 +14,8 @@ from gsdistill.losses.multi_positive import JointLH, LSEPair, Rand1LH, SingleLH,
 from gsdistill.losses.noisy import SupersetPairwiseLoss
 from gsdistill.losses.pairwise_graded import ApproxNDCGLoss, RankNetLoss
 from gsdistill.losses.robust import (
-    AGCELoss, AULLoss, GCELoss, LabelRelaxationLoss, LabelSmoothingLoss, NCELoss,
+    AGCELoss, AULLoss, EvidenceLabelSmoothingLoss, GCELoss, LabelRelaxationLoss, LabelSmoothingLoss,
+    NCEAGCELoss, NCEAULLoss, NCELoss,
 )
 from gsdistill.losses.wasserstein import WassersteinLoss
 
@@ -27,9 +28,11 @@ LOSSES.update(wasserstein=WassersteinLoss, kl=KLListLoss, listnet=ListNetLoss, r
               approx_ndcg=ApproxNDCGLoss)
 LOSS_KIND.update({name: "graded" for name in ("wasserstein", "kl", "listnet", "ranknet", "approx_ndcg")})
 LOSSES.update(superset_pairwise=SupersetPairwiseLoss, gce=GCELoss, nce=NCELoss, agce=AGCELoss,
-              aul=AULLoss, label_smoothing=LabelSmoothingLoss, label_relaxation=LabelRelaxationLoss)
+              aul=AULLoss, label_smoothing=LabelSmoothingLoss, label_relaxation=LabelRelaxationLoss,
+              els=EvidenceLabelSmoothingLoss, nce_agce=NCEAGCELoss, nce_aul=NCEAULLoss)
 LOSS_KIND.update({name: "noisy" for name in ("superset_pairwise", "gce", "nce", "agce", "aul",
-                                             "label_smoothing", "label_relaxation")})
+                                             "label_smoothing", "label_relaxation", "els", "nce_agce",
+                                             "nce_aul")})
 LOSSES.update(dino=DINOLoss, ibot=IBOTPatchLoss, koleo=KoLeoLoss, koleo_hybrid=KoLeoHybridLoss)
 LOSS_KIND.update(dino="distill", ibot="distill", koleo="reg", koleo_hybrid="reg")
 
@@ -40,9 +43,19 @@ def register(name: str, kind: str, cls: type[nn.Module]) -> None:
     LOSS_KIND[name] = kind
 
 
+def loss_key(name: str) -> str:
+    """The one normalisation of a loss name ("Wasserstein", "approx-ndcg" -> registry keys)."""
+    return str(name).strip().lower().replace("-", "_")
+
+
+def loss_kind(name: str, default: str = "multi_positive") -> str:
+    """``LOSS_KIND`` of ``name`` after ``loss_key`` (so the kind never disagrees with ``get_loss``)."""
+    return LOSS_KIND.get(loss_key(name), default)
+
+
 def get_loss(name: str, **kwargs) -> nn.Module:
     """Build the loss registered as ``name`` with ``kwargs``; unknown name -> ValueError + hint."""
-    key = str(name).strip().lower().replace("-", "_")
+    key = loss_key(name)
     if key not in LOSSES:
         close = difflib.get_close_matches(key, list(LOSSES), n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""

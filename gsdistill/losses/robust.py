@@ -136,3 +136,116 @@ class LabelRelaxationLoss(MultiPositiveLoss):
             inside = p_pos[:, 0] >= 1 - self.alpha
         kl = (torch.xlogy(target, target) - target * log_probs).sum(dim=1)
         return mean_over(torch.where(inside, torch.zeros_like(kl), kl), prep.used, scores)
+
+
+class _ActivePassive(MultiPositiveLoss):
+    """``alpha * NCE + beta * passive`` (active-passive loss, Ma et al. 2020, "Normalized Loss
+    Functions for Deep Learning with Noisy Labels", ICML; the NCE+AGCE / NCE+AUL pairs of Zhou et
+    al. 2021, "Asymmetric Loss Functions for Learning with Noisy Labels", ICML). Shapes as NCE."""
+
+    passive_cls: type[MultiPositiveLoss]
+
+    def __init__(self, alpha: float = 1.0, beta: float = 1.0, **passive_kwargs) -> None:
+        super().__init__()
+        if alpha < 0 or beta < 0 or alpha + beta == 0:
+            raise ValueError(f"{type(self).__name__}: need alpha, beta >= 0, not both 0, got {alpha}, {beta}")
+        self.alpha, self.beta = alpha, beta
+        self.nce, self.passive = NCELoss(), self.passive_cls(**passive_kwargs)
+
+    def forward(self, scores: Tensor, positives: Tensor, valid: Tensor | None = None) -> Tensor:
+        value = self.alpha * self.nce(scores, positives, valid) + self.beta * self.passive(scores, positives, valid)
+        self.last_stats = dict(self.nce.last_stats)
+        return value
+
+
+class NCEAGCELoss(_ActivePassive):
+    """NCE+AGCE: ``alpha * (-log p_P / sum_d -log p_d) + beta * ((a + 1)^q - (a + p_P)^q) / q``
+    (paper 004's "NAGCE"); defaults alpha = beta = 1, a = 1, q = 2. ``scores [B, N]``,
+    ``positives bool[B, N]``, ``valid bool[B, N] | None`` -> mean over anchors with a positive."""
+
+    passive_cls = AGCELoss
+
+
+class NCEAULLoss(_ActivePassive):
+    """NCE+AUL: ``alpha * (-log p_P / sum_d -log p_d) + beta * ((a - p_P)^q - (a - 1)^q) / q``
+    (paper 004's "NAUL"); defaults alpha = beta = 1, a = 1.5, q = 0.9. Shapes as NCE+AGCE."""
+
+    passive_cls = AULLoss
+
+
+def reciprocal_jaccard(doc_sim: Tensor, k: int, cols: Tensor | None = None) -> Tensor:
+    """Jaccard overlap of reciprocal k-nearest-neighbour sets, ``float[N, C]``.
+
+    ``kNN(i)`` = the k columns of largest ``doc_sim[i]`` (i itself included, as in Zerveas et al.);
+    ``R(i) = {j in kNN(i) : i in kNN(j)}``; ``J[i, c] = |R(i) & R(c)| / |R(i) | R(c)|`` for the
+    candidates ``cols: long[C]`` (default all N). ``doc_sim: float[N, N]`` symmetric similarities.
+    Each R(i) has at most k members, so the overlaps are a sparse product: O(N k C), not O(N^2 C).
+    """
+    n = doc_sim.shape[0]
+    knn = torch.zeros(n, n, dtype=torch.bool, device=doc_sim.device)
+    knn.scatter_(1, doc_sim.topk(min(k, n), dim=1).indices, True)
+    recip = (knn & knn.T).to(doc_sim.dtype)
+    cols = torch.arange(n, device=doc_sim.device) if cols is None else cols
+    inter = torch.sparse.mm(recip.to_sparse(), recip[cols].T.contiguous())
+    size = recip.sum(dim=1)
+    union = size[:, None] + size[cols][None, :] - inter
+    return inter / union.clamp(min=1)
+
+
+class EvidenceLabelSmoothingLoss(MultiPositiveLoss):
+    """Evidence-based label smoothing (ELS; Zerveas, Rekabsaz & Eickhoff 2023, "Enhancing the
+    Ranking Context of Dense Retrieval through Reciprocal Nearest Neighbors", EMNLP).
+
+    Label smoothing whose mass goes to the candidates that look like the ground truth, not to all
+    candidates alike. With candidate-candidate similarities ``S = doc_sim`` and the reciprocal-NN
+    Jaccard ``J = reciprocal_jaccard(S, k)``:
+
+        E[d, p]  = (1 - lam) * S[d, p] + lam * J[d, p]
+        e[b, d]  = max(0, max_{p in P_b} E[d, p])            for valid non-positive d (else 0)
+        t[b, d]  = (1 - eps) / |P_b| on positives,  eps * e[b, d] / sum_d' e[b, d'] elsewhere
+        loss     = mean_b  -sum_d t[b, d] log p_b(d),   p_b = softmax over the valid candidates
+
+    An anchor whose non-positives carry no evidence (all e = 0) keeps eps on its positives (plain
+    CE). Shapes: ``scores float[B, N]``, ``positives bool[B, N]``, ``valid bool[B, N] | None``,
+    ``doc_sim float[N, N]`` (e.g. cosine of the candidate passage embeddings, no gradient);
+    defaults eps = 0.1, lam = 0.5, k = 5.
+    """
+
+    needs_doc_similarity = True  # the retriever objective passes doc_sim of the candidates
+
+    def __init__(self, epsilon: float = 0.1, lam: float = 0.5, k: int = 5) -> None:
+        super().__init__()
+        if not 0.0 <= epsilon < 1.0 or not 0.0 <= lam <= 1.0 or k < 1:
+            raise ValueError(f"EvidenceLabelSmoothingLoss: need 0 <= epsilon < 1, 0 <= lam <= 1, k >= 1, "
+                             f"got {epsilon}, {lam}, {k}")
+        self.epsilon, self.lam, self.k = epsilon, lam, k
+
+    def forward(self, scores: Tensor, positives: Tensor, valid: Tensor | None = None,
+                doc_sim: Tensor | None = None) -> Tensor:
+        self.last_stats = {}
+        prep, log_probs, _ = _log_p_pos("EvidenceLabelSmoothingLoss", scores, positives, valid, self.last_stats)
+        if scores.shape[0] == 0:
+            return scores.sum() * 0.0
+        if doc_sim is None or doc_sim.shape != (scores.shape[1], scores.shape[1]):
+            raise ValueError(f"EvidenceLabelSmoothingLoss: doc_sim must be float[N, N] with N = "
+                             f"{scores.shape[1]} candidates, got {None if doc_sim is None else tuple(doc_sim.shape)}")
+        with torch.no_grad():
+            sim = doc_sim.detach().to(scores.dtype)
+            pos = positives.to(torch.bool) if prep.valid is None else positives.to(torch.bool) & prep.valid
+            cols = prep.pset.idx[prep.pset.ok].unique()  # every candidate that is some anchor's positive
+            if cols.numel() == 0:  # no anchor has a positive: nothing to smooth towards
+                return mean_over(log_probs[:, 0] * 0.0, prep.used, scores)
+            evidence_pair = (1 - self.lam) * sim[:, cols] + self.lam * reciprocal_jaccard(sim, self.k, cols)
+            slot = torch.searchsorted(cols, prep.pset.idx).clamp(max=cols.numel() - 1)  # padding: masked below
+            per_pos = evidence_pair[:, slot].permute(1, 0, 2)  # [B, N, P]: E[d, p] per positive slot
+            per_pos = per_pos.masked_fill(~prep.pset.ok[:, None, :], -torch.inf)
+            evidence = per_pos.amax(dim=2).clamp(min=0).nan_to_num(0.0, neginf=0.0)  # [B, N]
+            keep = ~pos if prep.valid is None else (~pos & prep.valid)
+            evidence = evidence * keep
+            total = evidence.sum(dim=1, keepdim=True)
+            has = total[:, 0] > 0
+            eps = torch.where(has, torch.full_like(total[:, 0], self.epsilon), torch.zeros_like(total[:, 0]))
+            target = evidence / total.clamp(min=torch.finfo(scores.dtype).tiny) * eps[:, None]
+            target = target + pos.to(scores.dtype) * ((1 - eps) / prep.pset.count.clamp(min=1))[:, None]
+        safe = torch.where(target > 0, log_probs, torch.zeros_like(log_probs))
+        return mean_over(-(target * safe).sum(dim=1), prep.used, scores)

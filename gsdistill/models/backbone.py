@@ -81,7 +81,11 @@ def load_backbone(path: str | Path, map_location: str = "cpu") -> torch.nn.Modul
     weights = folder / WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"{folder}: missing {WEIGHTS}")
-    state = load_file(str(weights), device=map_location)
+    try:
+        state = load_file(str(weights), device=map_location)
+    except Exception as e:  # safetensors' SafetensorError ("incomplete metadata") names no file
+        from gsdistill.errors import corrupt
+        raise corrupt(weights, e, "safetensors") from None
     own = model.state_dict()
     bad = [f"{k}: file {tuple(v.shape)} vs model {tuple(own[k].shape)}"
            for k, v in state.items() if k in own and own[k].shape != v.shape]

@@ -22,7 +22,7 @@ from gsdistill.losses import DINOLoss, IBOTPatchLoss, KoLeoHybridLoss, gather_wi
 from gsdistill.models.alignment import PageTextAlignment
 from gsdistill.models.backbone import create_backbone
 from gsdistill.models.heads import DINOHead
-from gsdistill.models.vit_encoder import encode_views
+from gsdistill.models.vit_encoder import encode_views, grid_pool
 
 HEADS = {"semantic": ("sem",), "dual": ("sem", "geom"), "joint": ("joint",)}
 POSITIVES = ("multi", "single")
@@ -46,11 +46,21 @@ class GSDistill(nn.Module):
         self.backbone_cfg = _plain(m["backbone"])
         self.text_encoder_name = str(m["text_encoder"])
         self.positives = o["positives"]
+        self.geom_target = str(o["geom_target"])
+        if self.geom_target not in ("boxes", "mean"):
+            raise ValueError(f"objective.geom_target must be 'boxes' or 'mean', got {self.geom_target!r}")
         self.backbone = create_backbone(self.backbone_cfg)
+        if bool(m["freeze_backbone"]):  # the "random backbone, trained heads" control of the demo report
+            self.backbone.requires_grad_(False)
         dim = int(self.backbone.embed_dim)
+        # each head reads the mean-pooled h_p (0, the paper) or a G x G grid of patch tokens (G > 0)
+        grids = {"sem": int(m["sem_pool_grid"]), "geom": int(m["geom_pool_grid"]), "joint": int(m["sem_pool_grid"])}
+        self.pool_grid = {name: grids[name] for name in HEADS[o["heads"]]}
+        self.patch_size = int(self.backbone.patch_embed.patch_size[0])
         self.align = nn.ModuleDict({
-            name: PageTextAlignment(dim, int(m["text_dim"]), int(m["proj_dim"]), int(m["head_hidden_dim"]),
-                                    o["loss"], float(m["init_temperature"]), bool(m["learnable_scale"]),
+            name: PageTextAlignment(dim * max(self.pool_grid[name], 1) ** 2, int(m["text_dim"]), int(m["proj_dim"]), int(m["head_hidden_dim"]),
+                                    str(o["loss_geom"] or o["loss"]) if name == "geom" else o["loss"],
+                                    float(m["init_temperature"]), bool(m["learnable_scale"]),
                                     float(m["max_logit_scale"]), int(o["queue_size"]))
             for name in HEADS[o["heads"]]})
         self.weights = {name: float(o["lambda_geom"] if name == "geom" else o["lambda_sem"]) for name in self.align}
@@ -59,6 +69,13 @@ class GSDistill(nn.Module):
         self.weights.update(distill=float(o["lambda_distill"]), ibot=float(o["lambda_ibot"]),
                             koleo=float(o["lambda_koleo"]))
         self.teacher_temp, self.centering = float(o["teacher_temp"]), str(o["centering"])
+        # short-run schedules (DINOv2 warms the teacher temperature up; we also ramp the
+        # self-distillation weights so the alignment heads shape the features before the EMA
+        # teacher's targets, which start near uniform over K, pull on them)
+        self.teacher_temp_start = float(o["teacher_temp_start"])
+        self.teacher_temp_warmup = int(o["teacher_temp_warmup_steps"])
+        self.distill_warmup = int(o["distill_warmup_steps"])
+        self.register_buffer("steps_seen", torch.zeros((), dtype=torch.long))  # training forwards (resumed with the model)
         self.sinkhorn_iters = int(o["sinkhorn_iters"])
         if self.use_ibot:
             self.mask_token = nn.Parameter(torch.zeros(1, dim))
@@ -87,6 +104,18 @@ class GSDistill(nn.Module):
         """Mean-pooled page embedding ``h_p [B, C]`` of the student backbone."""
         return encode_views(self.backbone, images)[0]
 
+    def head_inputs(self, h_p: torch.Tensor, patches: torch.Tensor | None, image_hw, name: str) -> torch.Tensor:
+        """What head ``name`` reads: ``h_p`` or its grid-pooled patch tokens (``model.*_pool_grid``)."""
+        grid = self.pool_grid[name]
+        return h_p if grid <= 0 else grid_pool(patches, tuple(image_hw), self.patch_size, grid)
+
+    def _embed(self, images: torch.Tensor, name: str) -> torch.Tensor:
+        name = "joint" if name == "sem" and "joint" in self.align else name
+        if name not in self.align:
+            raise ValueError(f"this model has no {name!r} head (heads: {sorted(self.align)})")
+        h_p, patches = encode_views(self.backbone, images, with_patches=self.pool_grid[name] > 0)
+        return self.align[name].embed_pages(self.head_inputs(h_p, patches, images.shape[-2:], name))
+
     def _head(self, name: str) -> PageTextAlignment:
         if name == "sem" and "joint" in self.align:
             name = "joint"
@@ -96,10 +125,10 @@ class GSDistill(nn.Module):
 
     def embed_pages(self, images: torch.Tensor) -> torch.Tensor:
         """``float[B,3,H,W] -> float[B, proj_dim]``, semantic head, L2-normalised."""
-        return self._head("sem").embed_pages(self.page_features(images))
+        return self._embed(images, "sem")
 
     def embed_pages_geom(self, images: torch.Tensor) -> torch.Tensor:
-        return self._head("geom").embed_pages(self.page_features(images))
+        return self._embed(images, "geom")
 
     def embed_text_sem(self, text_emb: torch.Tensor) -> torch.Tensor:
         """Frozen-encoder embeddings ``[M, D_text] -> [M, proj_dim]`` (L2-normalised)."""
@@ -138,13 +167,31 @@ class GSDistill(nn.Module):
                                "concatenated into one, from the text cache)")
             emb = batch[key].unsqueeze(1)
             return emb, torch.ones(emb.shape[:2], dtype=torch.bool, device=emb.device)
+        if head == "geom" and self.geom_target == "mean":  # the page's layout as one bag-of-boxes text
+            valid = batch["geom_valid"].unsqueeze(-1).to(batch["geom_emb"].dtype)
+            mean = (batch["geom_emb"] * valid).sum(1) / valid.sum(1).clamp_min(1.0)
+            return mean.unsqueeze(1), batch["geom_valid"].any(1, keepdim=True)
         if head == "joint":
             return (torch.cat([batch["sem_emb"], batch["geom_emb"]], 1),
                     torch.cat([batch["sem_valid"], batch["geom_valid"]], 1))
         return batch[f"{head}_emb"], batch[f"{head}_valid"]
 
+    def current_teacher_temp(self) -> float:
+        """Teacher temperature at this step: linear from ``teacher_temp_start`` to ``teacher_temp``."""
+        if self.teacher_temp_warmup <= 0:
+            return self.teacher_temp
+        f = min(int(self.steps_seen) / self.teacher_temp_warmup, 1.0)
+        return self.teacher_temp_start + f * (self.teacher_temp - self.teacher_temp_start)
+
+    def distill_ramp(self) -> float | torch.Tensor:
+        """Factor on l3 and l4 at this step: linear 0 -> 1 over ``distill_warmup_steps`` (1 when 0).
+        A tensor op on the step buffer, so the schedule costs no host sync on a GPU."""
+        if self.distill_warmup <= 0:
+            return 1.0
+        return ((self.steps_seen + 1).float() / self.distill_warmup).clamp(max=1.0)
+
     def _teacher_targets(self, logits: torch.Tensor, loss: nn.Module) -> torch.Tensor:
-        return loss.teacher_probs(logits, self.teacher_temp, centering=self.centering,
+        return loss.teacher_probs(logits, self.current_teacher_temp(), centering=self.centering,
                                   n_iters=self.sinkhorn_iters)
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
@@ -155,7 +202,7 @@ class GSDistill(nn.Module):
         masks = batch["masks"] if self.use_ibot else None
         with record_function("gsdistill.student_global"):
             h_glob, patches = encode_views(self.backbone, glob, masks, getattr(self, "mask_token", None),
-                                           with_patches=self.use_ibot)
+                                           with_patches=self.use_ibot or max(self.pool_grid.values()) > 0)
         terms: dict[str, torch.Tensor] = {}
         anchor_page = torch.arange(n_pages, device=glob.device).repeat(n_global)
         koleo = []
@@ -164,7 +211,7 @@ class GSDistill(nn.Module):
         for name, head in self.align.items():
             with record_function(f"gsdistill.{name}"):
                 text, valid = self._texts(batch, name)
-                terms[name], z = head(h_glob, anchor_page, text, valid)
+                terms[name], z = head(self.head_inputs(h_glob, patches, glob.shape[-2:], name), anchor_page, text, valid)
             if self.use_koleo:  # over the whole (gathered) batch; pairs = same page, other view
                 with record_function("gsdistill.koleo"):
                     koleo.append(self.koleo_loss(gather_with_grad(z), group_ids=page_ids))
@@ -172,7 +219,11 @@ class GSDistill(nn.Module):
             terms["koleo"] = torch.stack(koleo).mean()
         if self.use_distill or self.use_ibot:
             terms.update(self._self_distillation(glob, local, masks, h_glob, patches, n_global, n_local))
-        terms["total"] = sum(self.weights[k] * v for k, v in terms.items())
+        ramp = self.distill_ramp()
+        terms["total"] = sum(self.weights[k] * (ramp if k in ("distill", "ibot") else 1.0) * v
+                             for k, v in terms.items())
+        if self.training:
+            self.steps_seen += 1
         return terms
 
     def _self_distillation(self, glob, local, masks, h_glob, patches, n_global, n_local) -> dict:

@@ -67,3 +67,15 @@ def encode_views(backbone: nn.Module, images: torch.Tensor, masks: torch.Tensor 
         tokens = store["tokens"][:, backbone.num_prefix_tokens:]
         patches = backbone.fc_norm(tokens)
     return pooled, patches
+
+
+def grid_pool(patches: torch.Tensor, image_hw: tuple[int, int], patch_size: int, grid: int) -> torch.Tensor:
+    """``patches [N, P, C]`` of ``image_hw`` views -> ``[N, grid*grid*C]``: the patch-token map
+    average-pooled to a ``grid x grid`` layout and flattened (row-major), so a linear head sees *where*
+    things are. A mean over all patches (``h_p``) keeps what is on the page but mixes away where."""
+    n, p, c = patches.shape
+    h, w = image_hw[0] // patch_size, image_hw[1] // patch_size
+    if h * w != p:
+        raise ValueError(f"{p} patch tokens do not form the {h}x{w} grid of {image_hw} views")
+    fmap = patches.transpose(1, 2).reshape(n, c, h, w)
+    return torch.nn.functional.adaptive_avg_pool2d(fmap, grid).permute(0, 2, 3, 1).reshape(n, grid * grid * c)

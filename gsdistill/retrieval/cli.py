@@ -16,22 +16,59 @@ from pathlib import Path
 
 import yaml
 
+from gsdistill.errors import MissingFileError
+
+
+def run_root(model_dir: Path) -> Path:
+    """The pretraining run folder of ``--model``: a run dir, its ``checkpoints/`` dir or one
+    ``checkpoints/step-N`` folder all lead to the run (where its synthetic ``data/`` lives)."""
+    model_dir = Path(model_dir)
+    if model_dir.name == "checkpoints":
+        return model_dir.parent
+    if model_dir.parent.name == "checkpoints":
+        return model_dir.parent.parent
+    return model_dir
+
+
+def _config_file(model_dir: Path) -> Path | None:
+    for cand in (Path(model_dir) / "config.yaml", run_root(model_dir) / "config.yaml"):
+        if cand.is_file():
+            return cand
+    return None
+
 
 def run_config(run_dir: Path) -> dict:
     """The resolved pretraining config saved in a run (or checkpoint) dir; {} when there is none."""
-    for cand in (run_dir / "config.yaml", run_dir.parent / "config.yaml", run_dir.parent.parent / "config.yaml"):
-        if cand.is_file():
-            return yaml.safe_load(cand.read_text()) or {}
-    return {}
+    path = _config_file(Path(run_dir))
+    return (yaml.safe_load(path.read_text()) or {}) if path is not None else {}
+
+
+def pretrain_source(model_dir: Path, cfg: dict) -> tuple[Path | None, str]:
+    """``(shard folder the run was pretrained on, where that path came from)``: ``data.shards`` of
+    its saved config (a relative one resolved against the run folder, else the working directory),
+    else the synthetic pages in ``RUN/data``. A configured folder that cannot be found is an error:
+    the held-out check must not be skipped silently."""
+    root = run_root(Path(model_dir))
+    origin = _config_file(Path(model_dir)) or root / "config.yaml"
+    shards = (cfg.get("data") or {}).get("shards")
+    if shards:
+        given = Path(str(shards))
+        for cand, how in ((given, "absolute") if given.is_absolute() else (root / given, "relative to the run"),
+                          (given, "relative to the working directory")):
+            if cand.is_dir():
+                return cand, f"data.shards={shards!r} of {origin}, {how}"
+        raise MissingFileError(f"data.shards={shards!r} of {origin}: not found (tried {root / given} and "
+                               f"{given.resolve()}); the held-out check needs the pretraining pages "
+                               "(--allow-overlap skips it)")
+    synthetic = root / "data"
+    if synthetic.is_dir():
+        return synthetic, f"the synthetic pretraining pages of run {root}"
+    return None, f"no pretraining data recorded for {root}"
 
 
 def pretrain_shards(run_dir: Path, cfg: dict) -> Path | None:
     """Shard folder a run was pretrained on (``data.shards``, else the synthetic ``RUN_DIR/data``)."""
-    shards = (cfg.get("data") or {}).get("shards")
-    if shards:
-        return Path(shards)
-    synthetic = run_dir / "data"
-    return synthetic if synthetic.is_dir() else None
+    return pretrain_source(run_dir, cfg)[0]
 
 
 def _retrieval(args: argparse.Namespace) -> int:
@@ -56,10 +93,11 @@ def _retrieval(args: argparse.Namespace) -> int:
     results, encoders = {}, {}
     for label, model_dir in zip(labels, map(Path, args.model)):
         run_cfg = run_config(model_dir)
-        train_shards = pretrain_shards(model_dir, run_cfg)
-        if train_shards is not None and not args.allow_overlap:
-            splits.check_held_out(eval_docs, splits.document_ids(train_shards),
-                                  f"{pages_dir} vs the pretraining data of {model_dir}")
+        if not args.allow_overlap:
+            train_shards, origin = pretrain_source(model_dir, run_cfg)
+            if train_shards is not None:
+                splits.check_held_out(eval_docs, splits.document_ids(train_shards),
+                                      f"{pages_dir} vs the pretraining data of {model_dir} ({origin})")
         model_cfg = cfg.copy()
         if model_cfg.retrieval.image_size is None:
             model_cfg.retrieval.image_size = int((run_cfg.get("views") or {}).get("global_size") or 224)

@@ -1,8 +1,12 @@
 """BEIR layout: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv`` (graded scores).
 
-The qrels file may or may not start with a header line (``query-id corpus-id score``); it may have
-3 columns (BEIR) or 4 (TREC: ``qid iter docid grade``). Judgments naming a doc that is not in the
-corpus, or a query that is not in queries.jsonl, are counted in ``skipped``, not silently dropped.
+The qrels file may or may not start with a header line; a header is recognised by its column names
+(``query-id corpus-id score``, ``qid docid rel``, ...), never by a grade that fails to parse, so a
+malformed first judgement is an error, not a skipped header. It may have 3 columns (BEIR) or 4
+(TREC: ``qid iter docid grade``). Grades are kept as floats (0.5 stays 0.5; a doc is relevant when
+its grade is > 0). Judgments naming a doc that is not in the corpus, or a query that is not in
+queries.jsonl, are counted in ``skipped``, not silently dropped; an empty corpus or no usable
+judgement is an error.
 """
 from __future__ import annotations
 
@@ -11,8 +15,18 @@ from pathlib import Path
 
 from gsdistill.retrievers.data import RetrievalData, passage_text, read_jsonl, require
 
+QUERY_COLUMNS = {"query-id", "query_id", "queryid", "qid", "query", "topic", "topic_id", "topic-id"}
+DOC_COLUMNS = {"corpus-id", "corpus_id", "doc-id", "doc_id", "docid", "docno", "document", "pid", "passage_id"}
+GRADE_COLUMNS = {"score", "grade", "rel", "relevance", "label", "judgment", "judgement"}
 
-def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+
+def is_header(parts: list[str]) -> bool:
+    """A header names its columns: query column, (iteration,) document column, grade column."""
+    names = [p.strip().lower() for p in parts]
+    return names[0] in QUERY_COLUMNS and names[-2] in DOC_COLUMNS and names[-1] in GRADE_COLUMNS
+
+
+def read_qrels(path: str | Path) -> dict[str, dict[str, float]]:
     """``{qid: {docid: grade}}`` from a BEIR (3-column) or TREC (4-column) qrels file."""
     path = Path(path)
     if not path.is_file():
@@ -26,13 +40,17 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
             if len(parts) not in (3, 4):
                 raise ValueError(f"{path}:{n}: expected 3 (qid docid grade) or 4 (qid iter docid grade) "
                                  f"columns, got {len(parts)}")
+            if n == 1 and is_header(parts):
+                continue
             qid, docid, grade = (parts[0], parts[1], parts[2]) if len(parts) == 3 else (parts[0], parts[2], parts[3])
             try:
-                value = int(float(grade))
+                value = float(grade)
             except ValueError:
-                if n == 1:  # a header line such as "query-id corpus-id score"
-                    continue
                 raise ValueError(f"{path}:{n}: relevance grade '{grade}' is not a number") from None
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(f"{path}:{n}: relevance grade '{grade}' is not finite")
+            if value.is_integer():  # 0/1/2 stay ints (what pytrec_eval expects); 0.5 stays 0.5
+                value = int(value)
             qrels.setdefault(qid, {})[docid] = value
     return qrels
 
@@ -63,4 +81,6 @@ def load_beir(folder: str | Path, split: str = "test") -> RetrievalData:
                 qrels.setdefault(qid, {})[docid] = grade
             else:
                 skipped["qrels doc not in corpus.jsonl"] += 1
-    return RetrievalData(doc_ids, doc_texts, queries, qrels, {}, skipped, str(folder))
+    data = RetrievalData(doc_ids, doc_texts, queries, qrels, {}, skipped, str(folder))
+    data.require_usable()
+    return data

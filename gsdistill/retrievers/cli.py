@@ -5,7 +5,9 @@
 
 ``eval`` without ``--model`` evaluates the untrained base encoder of ``model.encoder`` (zero-shot).
 Queries evaluated: the held-out fold when ``data.folds >= 2``, ``data.eval_path`` when given,
-else every judged query of ``data.path``.
+else every judged query of ``data.path``. ``eval`` writes to ``--out`` (default
+``<run.dir>/eval/<parent>-<model folder>``), never into the model folder. Both commands print the data
+loader's summary (and write it as data_summary.json) and honour ``train.threads`` / ``train.device``.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train a dual encoder with any loss of the core")
     ev = sub.add_parser("eval", help="encode the corpus, search, write metrics and a TREC run file")
     ev.add_argument("--model", default=None, help="saved model dir (default: zero-shot base encoder)")
-    ev.add_argument("--out", default=None, help="output dir (default: <model>/eval or runs/retriever/zero-shot)")
+    ev.add_argument("--out", default=None,
+                    help="output dir (default: <run.dir>/eval/<parent>-<model folder> or <run.dir>/zero-shot)")
     for s in (tr, ev):
         s.add_argument("--config", default=None, help="experiment file or name in configs/retriever/")
         s.add_argument("overrides", nargs="*", help="key=value config overrides")
@@ -34,21 +37,27 @@ def _parser() -> argparse.ArgumentParser:
 def _eval(args, cfg) -> int:
     from gsdistill.retrievers.evaluate import evaluate_retriever
     from gsdistill.retrievers.model import DualEncoder
-    from gsdistill.retrievers.pipeline import split_data
+    from gsdistill.retrievers.pipeline import load_split, report_data
     from gsdistill.retrievers.train import build_model, resolve_device
 
-    train_data, eval_data = split_data(cfg)
+    if args.model and not Path(args.model).is_dir():
+        raise ValueError(f"--model {args.model}: no such folder")
+    resolved = Path(args.model).resolve() if args.model else None  # <run>/model -> eval/<run>-model
+    default_out = (Path(cfg.run.dir) / "eval" / f"{resolved.parent.name}-{resolved.name}" if resolved else
+                   Path(cfg.run.dir) / "zero-shot")
+    out = Path(args.out) if args.out else default_out
+    if args.model and Path(args.model).resolve() in (out.resolve(), *out.resolve().parents):
+        raise ValueError(f"--out {out} lies inside the model folder {args.model}; eval never writes there")
+    loaded, train_data, eval_data = load_split(cfg)
     data = eval_data if eval_data is not None else train_data
-    if args.model:
-        model = DualEncoder.from_pretrained(args.model)
-    else:
-        model = build_model(cfg)
+    report_data({"loaded": loaded, "eval": data}, out)
+    model = DualEncoder.from_pretrained(args.model) if args.model else build_model(cfg)
     model = model.to(resolve_device(cfg.train.device))
-    out = Path(args.out or (Path(args.model) / "eval" if args.model else Path(cfg.run.dir) / "zero-shot"))
     save_config(cfg, out)
     result = evaluate_retriever(model, data, k=cfg.eval.k, measures=list(cfg.eval.measures),
                                 batch_size=cfg.eval.batch_size, use_faiss=cfg.eval.use_faiss, out_dir=out,
-                                tag=Path(args.model).name if args.model else "zero-shot")
+                                tag=Path(args.model).name if args.model else "zero-shot",
+                                min_relevance=cfg.eval.min_relevance)
     print(json.dumps(result, indent=2))
     print(f"run file: {out / 'run.trec'}")
     return 0
@@ -57,6 +66,9 @@ def _eval(args, cfg) -> int:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     cfg = load_config("retriever", args.config, args.overrides)
+    if cfg.train.threads > 0:  # before any torch work; one thread is often fastest on a busy CPU
+        import torch
+        torch.set_num_threads(cfg.train.threads)
     try:
         if args.command == "eval":
             return _eval(args, cfg)

@@ -20,7 +20,7 @@ class RetrievalData:
     doc_ids: list[str]
     doc_texts: list[str]
     queries: dict[str, str]  # qid -> text
-    qrels: dict[str, dict[str, int]]  # qid -> {docid: grade}; grade >= 1 relevant, 0 judged non-relevant
+    qrels: dict[str, dict[str, float]]  # qid -> {docid: grade}; grade > 0 relevant, 0 judged non-relevant
     negatives: dict[str, list[str]] = field(default_factory=dict)  # qid -> hard-negative doc ids
     skipped: Counter = field(default_factory=Counter)  # reason -> count
     source: str = ""
@@ -33,8 +33,8 @@ class RetrievalData:
             raise ValueError(f"{self.source}: duplicate document ids in the corpus")
 
     def judged_queries(self) -> list[str]:
-        """Query ids with at least one relevant doc, sorted (stable across runs)."""
-        return sorted(q for q, g in self.qrels.items() if q in self.queries and any(v >= 1 for v in g.values()))
+        """Query ids with at least one relevant doc (grade > 0), sorted (stable across runs)."""
+        return sorted(q for q, g in self.qrels.items() if q in self.queries and any(v > 0 for v in g.values()))
 
     def subset(self, qids: list[str]) -> "RetrievalData":
         """Same corpus, only the given queries (for train / test folds)."""
@@ -45,10 +45,25 @@ class RetrievalData:
                              Counter(self.skipped), self.source)
 
     def summary(self) -> dict:
-        n_pos = [sum(1 for v in g.values() if v >= 1) for g in self.qrels.values()]
+        """Counts of what was loaded and of everything left out (never silently): judged queries
+        whose judgements are all grade 0 cannot be trained or scored and are counted here."""
+        n_pos = [sum(1 for v in g.values() if v > 0) for g in self.qrels.values()]
+        judged = set(self.judged_queries())
+        no_rel = sorted(q for q in self.qrels if q in self.queries and q not in judged)
         return {"source": self.source, "docs": len(self.doc_ids), "queries": len(self.queries),
-                "judged_queries": len(self.judged_queries()), "positives": sum(n_pos),
-                "skipped": dict(self.skipped)}
+                "judged_queries": len(judged), "positives": sum(n_pos),
+                "judgements": sum(len(g) for g in self.qrels.values()),
+                "queries_without_relevant": len(no_rel), "queries_without_relevant_examples": no_rel[:10],
+                "queries_without_judgements": len([q for q in self.queries if q not in self.qrels]),
+                "relevant_means": "grade > 0", "skipped": dict(self.skipped)}
+
+    def require_usable(self) -> None:
+        """Empty corpus or no judgement at all: an error, not metrics of 0.0."""
+        if not self.doc_ids:
+            raise ValueError(f"{self.source}: the corpus is empty")
+        if not any(self.qrels.values()):
+            raise ValueError(f"{self.source}: no relevance judgements (qrels empty or none matches the corpus "
+                             f"and queries; skipped: {dict(self.skipped)})")
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:

@@ -45,4 +45,6 @@ def load_dpr(path: str | Path) -> RetrievalData:
             skipped["question without positive_ctxs"] += 1
         qrels[qid] = {d: 1 for d in pos}
         negatives[qid] = list(dict.fromkeys(d for d in neg if d not in qrels[qid]))
-    return RetrievalData(corpus.ids, corpus.texts, queries, qrels, negatives, skipped, str(path))
+    data = RetrievalData(corpus.ids, corpus.texts, queries, qrels, negatives, skipped, str(path))
+    data.require_usable()
+    return data

@@ -2,6 +2,8 @@
 
 Metrics come from ``gsdistill.retrieval.metrics`` (equal to pytrec_eval / ir_measures, tested);
 search from ``gsdistill.retrieval.index`` (exact; faiss ``IndexFlatIP`` for large corpora).
+``min_relevance`` is trec_eval's ``-l``: binary measures (MRR, recall, precision, accuracy) count a
+doc as relevant when its grade is >= it (TREC DL uses 2); nDCG keeps the graded gains.
 """
 from __future__ import annotations
 
@@ -56,15 +58,40 @@ def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
     return run
 
 
+def thresholded_qrels(qrels: dict, min_relevance: float) -> dict[str, dict[str, int]]:
+    """Binary qrels for the binary measures: 1 where ``grade >= min_relevance``, else 0."""
+    return {q: {d: int(g >= min_relevance) for d, g in docs.items()} for q, docs in qrels.items()}
+
+
+def score_run(run: dict, qrels: dict, measures: list[str], min_relevance: float = 1.0):
+    """``(means, counts, per_query)``: nDCG on the grades, the other measures on the grades
+    thresholded at ``min_relevance``."""
+    graded = [m for m in measures if m.lower().startswith("ndcg")]
+    binary = [m for m in measures if m not in graded]
+    means, counts, per_query = {}, {}, {}
+    for names, labels in ((graded, qrels), (binary, thresholded_qrels(qrels, min_relevance))):
+        if not names:
+            continue
+        m, c = metrics.evaluate_with_counts(run, labels, names)
+        means.update(m)
+        counts = c if not counts else {key: max(counts[key], c[key]) for key in c}
+        for q, vals in metrics.evaluate_per_query(run, labels, names).items():
+            per_query.setdefault(q, {}).update(vals)
+    return {name: means[name] for name in measures}, counts, per_query
+
+
 def evaluate_retriever(model: DualEncoder, data: RetrievalData, qids: list[str] | None = None, k: int = 1000,
                        measures=metrics.DEFAULT_MEASURES, doc_emb: torch.Tensor | None = None,
                        batch_size: int = 64, use_faiss: bool | None = None, out_dir: str | Path | None = None,
-                       tag: str = "gsdistill", progress: bool = True) -> dict:
+                       tag: str = "gsdistill", progress: bool = True, min_relevance: float = 1.0) -> dict:
     """Metrics over ``qids`` (default: every judged query); writes run.trec + metrics.json to out_dir.
 
     Returns ``{"metrics": {...}, "counts": {...}, "seconds": {...}}``.
     """
+    data.require_usable()
     qids = data.judged_queries() if qids is None else list(qids)
+    if not qids:
+        raise ValueError(f"{data.source}: no query with a relevant document to evaluate")
     t0 = time.perf_counter()
     if doc_emb is None:
         doc_emb = encode_corpus(model, data, batch_size, progress)
@@ -72,13 +99,12 @@ def evaluate_retriever(model: DualEncoder, data: RetrievalData, qids: list[str] 
     run = retrieve(model, data, qids, doc_emb, k, batch_size, use_faiss)
     t2 = time.perf_counter()
     qrels = {q: data.qrels[q] for q in qids if q in data.qrels}
-    means, counts = metrics.evaluate_with_counts(run, qrels, measures)
-    result = {"metrics": means, "counts": counts,
+    means, counts, per_query = score_run(run, qrels, list(measures), min_relevance)
+    result = {"metrics": means, "counts": counts, "min_relevance": min_relevance,
               "seconds": {"encode_corpus": t1 - t0, "search": t2 - t1}}
     if out_dir is not None:
         out = Path(out_dir)
         write_trec_run(run, out / "run.trec", tag)
         (out / "metrics.json").write_text(json.dumps(result, indent=2))
-        per_query = metrics.evaluate_per_query(run, qrels, measures)
         (out / "per_query.json").write_text(json.dumps(per_query, indent=2))
     return result

@@ -24,7 +24,7 @@ from gsdistill.retrievers.data import RetrievalData
 class TrainGroup:
     qid: str
     doc_idx: list[int]  # G corpus indices, positives first
-    grades: list[int]  # grade of each passage for this query
+    grades: list[float]  # grade of each passage for this query (0 = not relevant)
 
 
 class GroupSampler:
@@ -51,7 +51,7 @@ class GroupSampler:
 
     def _group(self, qid: str, rng: random.Random) -> TrainGroup:
         index, grades = self.data.doc_index, self.data.qrels[qid]
-        positives = [index[d] for d, g in grades.items() if g >= 1 and d in index]
+        positives = [index[d] for d, g in grades.items() if g > 0 and d in index]
         relevant = set(positives)
         pos = rng.sample(positives, min(self.max_positives, len(positives)))
         n_neg = self.group_size - len(pos)
@@ -72,7 +72,7 @@ class GroupSampler:
                 neg.append(i)
                 taken.add(i)
         docs = pos + neg
-        return TrainGroup(qid, docs, [int(grades.get(self.data.doc_ids[i], 0)) for i in docs])
+        return TrainGroup(qid, docs, [grades.get(self.data.doc_ids[i], 0) for i in docs])
 
     def epoch_groups(self, epoch: int) -> list[TrainGroup]:
         rng = random.Random(self.seed * 100_003 + epoch)

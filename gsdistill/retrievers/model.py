@@ -5,10 +5,18 @@
 optionally learnable). A frozen passage tower (``freeze_passage``) lets training reuse cached
 passage embeddings (query-side fine-tuning), which is what makes CPU experiments affordable.
 
-Saved layout (``save_pretrained(dir)``): ``dir/query_encoder/`` and, for separate towers,
-``dir/passage_encoder/`` (each a Hugging Face ``save_pretrained`` folder with its tokenizer),
-``dir/dual_encoder.json`` (pooling, normalisation, temperature, max lengths) and ``dir/README.md``
-(model card: base model, data, loss, metrics).
+Saved layout (``save_pretrained(dir)``), opened by sentence-transformers as well as by this class:
+
+- shared tower: ``dir`` itself is a complete sentence-transformers model (Transformer, Pooling,
+  Normalize, ``max_seq_length = passage_max_length``): ``SentenceTransformer(dir)`` and
+  ``AutoModel.from_pretrained(dir)`` both load it;
+- separate towers: ``dir/query_encoder/`` and ``dir/passage_encoder/`` are each a complete
+  sentence-transformers model (``max_seq_length`` = the tower's max length): encode queries with
+  ``SentenceTransformer(dir + "/query_encoder")`` and passages with
+  ``SentenceTransformer(dir + "/passage_encoder")``;
+
+plus ``dir/dual_encoder.json`` (pooling, normalisation, temperature, max lengths) and
+``dir/README.md`` (model card: base model, data, loss, metrics, how to load).
 """
 from __future__ import annotations
 
@@ -39,7 +47,7 @@ class DualEncoder(nn.Module):
     def __init__(self, encoder: str | None = None, shared: bool = True, pooling: str = "mean",
                  normalize: bool = True, temperature: float = 0.05, learn_temperature: bool = False,
                  query_max_length: int = 64, passage_max_length: int = 128, freeze_passage: bool = False,
-                 _passage_path: str | None = None):
+                 train_top_layers: int = -1, _passage_path: str | None = None):
         super().__init__()
         from transformers import AutoModel, AutoTokenizer
 
@@ -63,6 +71,9 @@ class DualEncoder(nn.Module):
                                       max_scale=max(100.0, 1.0 / temperature))
         if freeze_passage:
             self.passage_encoder.requires_grad_(False)
+        self.train_top_layers = train_top_layers
+        if train_top_layers >= 0:  # fewer trainable weights: less drift from the pretrained tower
+            freeze_lower_layers(self.query_encoder, train_top_layers)
 
     def train(self, mode: bool = True) -> "DualEncoder":
         super().train(mode)
@@ -124,17 +135,22 @@ class DualEncoder(nn.Module):
                 "normalize": self.normalize, "temperature": self.logit_scale.temperature,
                 "learn_temperature": bool(self.logit_scale.log_scale.requires_grad),
                 "query_max_length": self.query_max_length, "passage_max_length": self.passage_max_length,
-                "freeze_passage": self.freeze_passage}
+                "freeze_passage": self.freeze_passage, "train_top_layers": self.train_top_layers}
 
     def save_pretrained(self, out_dir: str | Path, card: dict | None = None) -> Path:
         """Write the saved layout (module doc); ``card`` adds data / loss / metrics to README.md."""
+        from gsdistill.retrievers.st_format import write_sentence_transformer
+
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.query_encoder.save_pretrained(out / "query_encoder")
-        self.tokenizer.save_pretrained(out / "query_encoder")
-        if self.passage_encoder is not None:
-            self.passage_encoder.save_pretrained(out / "passage_encoder")
-            self.tokenizer.save_pretrained(out / "passage_encoder")
+        if self.passage_encoder is None:
+            write_sentence_transformer(out, self.query_encoder, self.tokenizer, self.pooling, self.normalize,
+                                       self.passage_max_length)
+        else:
+            write_sentence_transformer(out / "query_encoder", self.query_encoder, self.tokenizer, self.pooling,
+                                       self.normalize, self.query_max_length)
+            write_sentence_transformer(out / "passage_encoder", self.passage_encoder, self.tokenizer, self.pooling,
+                                       self.normalize, self.passage_max_length)
         (out / CONFIG_NAME).write_text(json.dumps(self.settings(), indent=2))
         (out / "README.md").write_text(model_card(self.settings(), card or {}))
         return out
@@ -148,12 +164,24 @@ class DualEncoder(nn.Module):
         kwargs = dict(shared=s["shared"], pooling=s["pooling"], normalize=s["normalize"],
                       temperature=s["temperature"], learn_temperature=s["learn_temperature"],
                       query_max_length=s["query_max_length"], passage_max_length=s["passage_max_length"],
-                      freeze_passage=s["freeze_passage"])
+                      freeze_passage=s["freeze_passage"], train_top_layers=s.get("train_top_layers", -1))
         kwargs.update(overrides)
-        model = cls(str(path / "query_encoder"), _passage_path=None if s["shared"] else str(path / "passage_encoder"),
-                    **kwargs)
+        query_path = path / "query_encoder" if (path / "query_encoder").is_dir() else path  # older saves: subfolder
+        model = cls(str(query_path), _passage_path=None if s["shared"] else str(path / "passage_encoder"), **kwargs)
         model.base_name = s["base_model"]
         return model
+
+
+def freeze_lower_layers(encoder: nn.Module, top: int) -> None:
+    """Train only the top ``top`` transformer layers of ``encoder`` (embeddings and the rest frozen)."""
+    layers = getattr(getattr(encoder, "encoder", None), "layer", None)
+    if layers is None:
+        raise ValueError(f"model.train_top_layers: {type(encoder).__name__} has no encoder.layer list")
+    if top > len(layers):
+        raise ValueError(f"model.train_top_layers={top} but the encoder has {len(layers)} layers")
+    encoder.requires_grad_(False)
+    for layer in list(layers)[len(layers) - top:]:
+        layer.requires_grad_(True)
 
 
 def model_card(settings: dict, card: dict) -> str:
@@ -169,5 +197,12 @@ def model_card(settings: dict, card: dict) -> str:
     if card.get("metrics"):
         lines += ["", "## Metrics", "", "| measure | value |", "| --- | --- |"]
         lines += [f"| {k} | {v:.4f} |" for k, v in card["metrics"].items()]
-    lines += ["", "Load with `gsdistill.retrievers.model.DualEncoder.from_pretrained(path)`.", ""]
+    lines += ["", "## Loading", "", "`gsdistill.retrievers.model.DualEncoder.from_pretrained(path)`, or with "
+              "sentence-transformers:", "", "```python", "from sentence_transformers import SentenceTransformer"]
+    if settings["shared"]:
+        lines += ["model = SentenceTransformer(path)  # one tower for queries and passages"]
+    else:
+        lines += ["query_model = SentenceTransformer(path + '/query_encoder')  # encode queries",
+                  "passage_model = SentenceTransformer(path + '/passage_encoder')  # encode passages"]
+    lines += ["```", ""]
     return "\n".join(lines)

@@ -2,9 +2,12 @@
 similar but non-relevant document, the kind of mistake an annotator makes.
 
 For each chosen (query, positive) pair the positive is swapped for the document nearest to it in
-embedding space (inner product of the given doc embeddings) that is not relevant to the query and
-not already a label of it; the swapped-in doc takes the positive's grade and the true positive
-leaves the qrels. Deterministic for a seed.
+embedding space (inner product of the given doc embeddings) that is judged non-relevant (grade 0)
+or unjudged for the query and not already a label of it; the swapped-in doc takes the positive's
+grade and the true positive leaves the qrels. The whole corpus is searched in similarity order, so
+every chosen positive is replaced unless the query judges every document relevant: the achieved
+rate (``stats["achieved_rate"]``, replaced / positives) equals the requested one up to rounding.
+Deterministic for a seed.
 """
 from __future__ import annotations
 
@@ -16,20 +19,19 @@ from gsdistill.retrievers.data import RetrievalData
 
 
 def inject_label_noise(data: RetrievalData, ratio: float, doc_emb: torch.Tensor | None = None,
-                       seed: int = 0, candidates: int = 64) -> tuple[dict[str, dict[str, int]], dict]:
+                       seed: int = 0) -> tuple[dict[str, dict[str, float]], dict]:
     """Return ``(noisy_qrels, stats)``; ``data.qrels`` is left unchanged.
 
     Args:
         ratio: share of all (query, positive) pairs to corrupt, in [0, 1].
         doc_emb: ``float[N_docs, D]`` embeddings for "similar"; None -> a random non-relevant doc.
-        candidates: nearest neighbours searched per corrupted positive.
     """
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"label-noise ratio must be in [0, 1], got {ratio}")
     if doc_emb is not None and doc_emb.shape[0] != len(data.doc_ids):
         raise ValueError(f"doc embeddings have {doc_emb.shape[0]} rows, corpus has {len(data.doc_ids)} docs")
     rng = random.Random(seed)
-    pairs = sorted((q, d) for q, g in data.qrels.items() for d, v in g.items() if v >= 1)
+    pairs = sorted((q, d) for q, g in data.qrels.items() for d, v in g.items() if v > 0)
     chosen = rng.sample(pairs, round(ratio * len(pairs)))
     noisy = {q: dict(g) for q, g in data.qrels.items()}
     by_query: dict[str, list[str]] = {}
@@ -37,13 +39,13 @@ def inject_label_noise(data: RetrievalData, ratio: float, doc_emb: torch.Tensor 
         by_query.setdefault(q, []).append(d)
     replaced = 0
     for q, docs in sorted(by_query.items()):
-        relevant = {d for d, v in data.qrels[q].items() if v >= 1}
+        relevant = {d for d, v in data.qrels[q].items() if v > 0}
         pos_idx = [data.doc_index[d] for d in docs]
-        if doc_emb is not None:
+        if doc_emb is not None:  # every doc, nearest first
             sims = doc_emb[pos_idx].float() @ doc_emb.float().T
-            neighbours = sims.topk(min(candidates, sims.shape[1]), dim=1).indices.tolist()
+            neighbours = sims.argsort(dim=1, descending=True).tolist()
         else:
-            neighbours = [rng.sample(range(len(data.doc_ids)), min(candidates, len(data.doc_ids))) for _ in docs]
+            neighbours = [rng.sample(range(len(data.doc_ids)), len(data.doc_ids)) for _ in docs]
         for d, near in zip(docs, neighbours):
             swap = next((data.doc_ids[i] for i in near
                          if data.doc_ids[i] not in relevant and noisy[q].get(data.doc_ids[i], 0) <= 0), None)
@@ -52,5 +54,6 @@ def inject_label_noise(data: RetrievalData, ratio: float, doc_emb: torch.Tensor 
             noisy[q][swap] = noisy[q].pop(d)
             replaced += 1
     stats = {"positives": len(pairs), "chosen": len(chosen), "replaced": replaced,
-             "kept_no_candidate": len(chosen) - replaced}
+             "kept_no_candidate": len(chosen) - replaced, "requested_rate": ratio,
+             "achieved_rate": replaced / len(pairs) if pairs else 0.0}
     return noisy, stats

@@ -2,8 +2,10 @@
 
 Candidates are the passages of every group in the batch (in-batch negatives), all-gathered over
 devices (``gather_with_grad``) when ``cross_device``; with ``in_batch=False`` each query only sees
-its own group. The loss is called by its kind (``gsdistill.losses.LOSS_KIND``):
-multi_positive / noisy -> ``loss(logits, positives, valid)``, graded -> ``loss(logits, grades, valid)``.
+its own group. The loss is called by its kind (``gsdistill.losses.loss_kind``, the registry's one
+name normalisation): multi_positive / noisy -> ``loss(logits, positives, valid)``, graded ->
+``loss(logits, grades, valid)``; ELS also gets ``doc_sim`` (cosines between the candidates), and
+``st_mnrl`` (sentence-transformers' MNRL) takes the embeddings themselves.
 Label weakening passes the ambiguated positive set instead of the annotated one.
 
 ``grad_cache_backward`` is GradCache (Gao et al. 2021): embeddings are computed without a graph in
@@ -19,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from gsdistill.losses import LOSS_KIND, gather_with_grad
+from gsdistill.losses import gather_with_grad, loss_kind
 from gsdistill.retrievers.data import RetrievalData
 from gsdistill.retrievers.groups import TrainGroup, candidate_labels
 
@@ -44,6 +46,8 @@ def loss_from_embeddings(loss_fn, loss_name: str, q_emb: torch.Tensor, p_emb: to
                          cross_device: bool = True, weak_positives: dict[str, set[int]] | None = None
                          ) -> torch.Tensor:
     """Scalar loss of local queries ``q_emb [B, D]`` against candidates ``p_emb [N_local, D]``."""
+    if loss_name == "st_mnrl":
+        return loss_fn(q_emb, p_emb)
     cand_idx = inputs.cand_idx.to(p_emb.device)
     if cross_device and in_batch:
         p_emb = gather_with_grad(p_emb)
@@ -53,16 +57,17 @@ def loss_from_embeddings(loss_fn, loss_name: str, q_emb: torch.Tensor, p_emb: to
     if not in_batch:  # each query against its own group only
         visible = inputs.group_of.unsqueeze(0) == torch.arange(len(inputs.qids)).unsqueeze(1)
     grades, valid = candidate_labels(inputs.qids, cand_idx.cpu(), data, qrels, visible)
-    positives = grades >= 1
+    positives = grades > 0  # relevant = any grade > 0 (float grades kept for graded losses)
     if weak_positives is not None:
         cols = cand_idx.cpu().tolist()
         extra = torch.tensor([[c in weak_positives.get(q, ()) for c in cols] for q in inputs.qids],
                              dtype=torch.bool).reshape(positives.shape)
         positives = positives | extra
     dev = logits.device
-    kind = LOSS_KIND.get(loss_name, "multi_positive")
-    if kind == "graded":
+    if loss_kind(loss_name) == "graded":
         return loss_fn(logits.float(), grades.to(dev), valid.to(dev))
+    if getattr(loss_fn, "needs_doc_similarity", False):
+        return loss_fn(logits.float(), positives.to(dev), valid.to(dev), doc_sim=(p_emb @ p_emb.T).detach().float())
     return loss_fn(logits.float(), positives.to(dev), valid.to(dev))
 
 

@@ -46,7 +46,7 @@ def load_tevatron(train_path: str | Path, corpus_path: str | Path | None = None)
     doc_set: set[str] = set()
     if id_style:
         if corpus_path is None:
-            raise ValueError(f"{train_path}: document-id style Tevatron data needs a corpus file (corpus_path)")
+            raise ValueError(f"{train_path}: document-id style Tevatron data needs a corpus JSONL: set data.corpus")
         ids, texts = _read_corpus(Path(corpus_path))
         for d, t in zip(ids, texts):
             corpus.add(t, d)
@@ -71,4 +71,6 @@ def load_tevatron(train_path: str | Path, corpus_path: str | Path | None = None)
         qrels[qid] = {d: 1 for d in pos}
         negatives[qid] = [d for d in neg if d not in qrels[qid]]
     skipped = Counter({k: v for k, v in skipped.items() if v})
-    return RetrievalData(corpus.ids, corpus.texts, queries, qrels, negatives, skipped, str(train_path))
+    data = RetrievalData(corpus.ids, corpus.texts, queries, qrels, negatives, skipped, str(train_path))
+    data.require_usable()
+    return data

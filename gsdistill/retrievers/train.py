@@ -18,13 +18,16 @@ import torch
 from omegaconf import DictConfig
 
 from gsdistill.config import save_config, to_dict
-from gsdistill.losses import LOSS_KIND, get_loss
+from gsdistill.losses import get_loss, loss_kind
 from gsdistill.losses.gather import is_distributed
 from gsdistill.retrievers.data import RetrievalData
 from gsdistill.retrievers.groups import GroupSampler, TrainGroup, batches
 from gsdistill.retrievers.model import DualEncoder
 from gsdistill.retrievers.objective import (
     autocast_for, grad_cache_backward, loss_from_embeddings, step_inputs,
+)
+from gsdistill.retrievers.train_support import (  # noqa: F401  (re-exported: older imports)
+    PassageCache, init_distributed, plot_losses, sync_gradients,
 )
 
 LOG_FIELDS = ["step", "epoch", "loss_name", "loss", "lr", "temperature", "anchors_used",
@@ -42,61 +45,15 @@ def build_model(cfg: DictConfig) -> DualEncoder:
     return DualEncoder(m.encoder, shared=m.shared, pooling=m.pooling, normalize=m.normalize,
                        temperature=m.temperature, learn_temperature=m.learn_temperature,
                        query_max_length=m.query_max_length, passage_max_length=m.passage_max_length,
-                       freeze_passage=m.freeze_passage)
-
-
-def init_distributed() -> bool:
-    """Join the process group a launcher (torchrun) describes in the environment; False when alone."""
-    import os
-
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
-        return dist.is_initialized()
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return True
-
-
-def sync_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Average gradients over ranks (what DDP does), so that with ``gather_with_grad`` candidates the
-    update equals one process holding the whole batch. No-op on one process."""
-    if not is_distributed():
-        return
-    import torch.distributed as dist
-
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad)
-        p.grad /= dist.get_world_size()
+                       freeze_passage=m.freeze_passage, train_top_layers=m.train_top_layers)
 
 
 def build_loss(name: str, kwargs: dict, seed: int) -> torch.nn.Module:
     kwargs = dict(kwargs)
     if name == "rand1_lh":
         kwargs.setdefault("seed", seed)
-    return get_loss(name, **kwargs)
-
-
-class PassageCache:
-    """Embeddings of a frozen passage tower, computed once per document on first use."""
-
-    def __init__(self, model: DualEncoder, texts: list[str], batch_size: int, embeddings: torch.Tensor | None = None):
-        self.model, self.texts, self.batch_size = model, texts, batch_size
-        dim = int(model.query_encoder.config.hidden_size)
-        self.emb = embeddings.float().cpu() if embeddings is not None else torch.zeros(len(texts), dim)
-        self.filled = torch.full((len(texts),), embeddings is not None)
-        if embeddings is not None and embeddings.shape[0] != len(texts):
-            raise ValueError(f"passage embeddings have {embeddings.shape[0]} rows, corpus has {len(texts)} docs")
-
-    def get(self, idx: torch.Tensor) -> torch.Tensor:
-        missing = idx[~self.filled[idx]].unique()
-        if len(missing):
-            self.emb[missing] = self.model.encode([self.texts[i] for i in missing.tolist()], "passage", self.batch_size)
-            self.filled[missing] = True
-        return self.emb[idx].to(self.model.device)
+    from gsdistill.retrievers.st_mnrl import EXTRA_LOSSES
+    return EXTRA_LOSSES[name](**kwargs) if name in EXTRA_LOSSES else get_loss(name, **kwargs)
 
 
 class RetrieverTrainer:
@@ -104,7 +61,8 @@ class RetrieverTrainer:
 
     def __init__(self, cfg: DictConfig, data: RetrievalData, run_dir: str | Path,
                  qrels: dict[str, dict[str, int]] | None = None, model: DualEncoder | None = None,
-                 passage_embeddings: torch.Tensor | None = None, progress: bool = True):
+                 passage_embeddings: torch.Tensor | None = None, progress: bool = True,
+                 mined_negatives: dict[str, list[int]] | None = None, remine=None):
         self.cfg, self.data, self.run_dir, self.progress = cfg, data, Path(run_dir), progress
         if is_distributed():  # every rank logs; rank 0 in run_dir, the others beside it
             import torch.distributed as dist
@@ -112,7 +70,7 @@ class RetrieverTrainer:
                 self.run_dir, self.progress = self.run_dir / f"rank{dist.get_rank()}", False
         if cfg.train.amp not in ("auto", "bf16", "fp16", "off"):
             raise ValueError(f"train.amp must be auto, bf16, fp16 or off, got {cfg.train.amp!r}")
-        if cfg.weakening.enabled and LOSS_KIND.get(cfg.loss.name) == "graded":
+        if cfg.weakening.enabled and loss_kind(cfg.loss.name) == "graded":
             raise ValueError(f"weakening.enabled widens the positive set; graded loss {cfg.loss.name!r} "
                              "takes grades, not positives (use superset_pairwise or a multi-positive loss)")
         self.qrels = data.qrels if qrels is None else qrels  # noisy labels go here
@@ -124,7 +82,9 @@ class RetrieverTrainer:
             self.cache = PassageCache(self.model, data.doc_texts, cfg.eval.batch_size, passage_embeddings)
         train_view = RetrievalData(data.doc_ids, data.doc_texts, data.queries, self.qrels, data.negatives,
                                    data.skipped, data.source)
-        self.sampler = GroupSampler(train_view, cfg.groups.size, cfg.groups.max_positives, cfg.train.seed)
+        self.sampler = GroupSampler(train_view, cfg.groups.size, cfg.groups.max_positives, cfg.train.seed,
+                                    mined_negatives)
+        self.remine = remine  # remine(model) -> fresh mined lists at each later epoch start
         self.autocast, self.scaler = autocast_for(self.device, cfg.train.amp)
         self.history: list[dict] = []
 
@@ -170,7 +130,7 @@ class RetrieverTrainer:
             p = p.view(docs.shape[0], docs.shape[1], -1).to(self.device)
             scores = self.model.logit_scale(torch.einsum("qd,qgd->qg", q.to(self.device), p)).float()
         self.model.train(was_training)
-        positives = torch.tensor([[self.qrels.get(x, {}).get(self.data.doc_ids[i], 0) >= 1 for i in row]
+        positives = torch.tensor([[self.qrels.get(x, {}).get(self.data.doc_ids[i], 0) > 0 for i in row]
                                   for x, row in zip(qids, docs.tolist())], dtype=torch.bool, device=scores.device)
         amb = (ambiguity_sets(scores, positives, w.beta, w.alpha) & ~positives).cpu()
         return {x: set(docs[r][amb[r]].tolist()) for r, x in enumerate(qids)}
@@ -240,6 +200,8 @@ class RetrieverTrainer:
         step = 0
         bar = tqdm(total=per_epoch * len(plan), desc="retriever train", disable=not self.progress)
         for epoch, loss_name in enumerate(plan):
+            if self.remine is not None and epoch > 0:
+                self.sampler.mined = self.remine(self.model)
             groups = self.sampler.epoch_groups(epoch)
             if world > 1:  # same shuffled order on every rank; each takes an equal share
                 import torch.distributed as dist
@@ -279,19 +241,3 @@ class RetrieverTrainer:
         path = self.model.save_pretrained(self.run_dir / "model", card)
         save_config(self.cfg, path)
         return path
-
-
-def plot_losses(history: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["step"] for r in history], [r["loss"] for r in history])
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
-    ax.set_title("retriever training")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -2,7 +2,7 @@
 
 :class:`ShardBatches` streams page tuples from a shard dir (split by rank), applies the multi-crop
 views and collates them; epoch ``e`` uses seeds derived from ``(seed, e)``, so the stream is a pure
-function of its position and resuming replays the epoch up to the saved batch.
+function of its position and resuming skips the epoch's first batches without augmenting them.
 :class:`FixedBatches` cycles over prepared global batches, each rank taking its slice of pages
 (tests and benchmarks: the same global batch on 1 or N processes).
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Iterator
 
 import torch
+
+from gsdistill.data.errors import DataError
 
 
 def slice_batch(batch: dict, rank: int, world: int) -> dict:
@@ -69,7 +71,7 @@ class ShardBatches:
         self.position = {"epoch": 0, "batch": 0}
         self._it: Iterator[dict] | None = None
 
-    def _epoch_iterator(self, epoch: int) -> Iterator[dict]:
+    def _epoch_iterator(self, epoch: int, skip_batches: int = 0) -> Iterator[dict]:
         from torch.utils.data import DataLoader
 
         from gsdistill.data.shards import ShardDataset
@@ -80,20 +82,20 @@ class ShardBatches:
             global_size=int(v["global_size"]), local_size=int(v["local_size"]), n_global=int(v["n_global"]),
             n_local=int(v["n_local"]), global_scale=tuple(v["global_scale"]), local_scale=tuple(v["local_scale"]),
             patch_size=self.patch_size, mask_prob=float(v["mask_prob"]), mask_ratio=tuple(v["mask_ratio"]),
-            max_spans=int(v["max_spans"]), seed=self.seed * 100003 + epoch * 1009 + self.rank)
-        dataset = ShardDataset(self.shard_dir, shuffle_buffer=int(d["shuffle_buffer"]), seed=self.seed + epoch,
+            max_spans=int(v["max_spans"]), hflip=bool(v["hflip"]), color_jitter=float(v["color_jitter"]),
+            blur_prob=float(v["blur_prob"]), seed=self.seed * 100003 + epoch * 1009 + self.rank)
+        dataset = ShardDataset(self.shard_dir, shuffle_buffer=int(d["shuffle_buffer"]), seed=self.seed,
                                rank=self.rank, world_size=self.world, transform=views)
+        dataset.set_epoch(epoch)
+        dataset.skip_batches(skip_batches, self.local_batch)  # skipped pages are neither decoded nor augmented
         loader = DataLoader(dataset, batch_size=self.local_batch, collate_fn=collate_pretrain, drop_last=True,
                             num_workers=int(d["num_workers"]))
         return iter(loader)
 
     def restore(self, position: dict) -> None:
-        """Rebuild the stream at ``position`` (replays the epoch's first batches, then discards them)."""
-        self.position = {"epoch": int(position["epoch"]), "batch": 0}
-        self._it = self._epoch_iterator(self.position["epoch"])
-        for _ in range(int(position["batch"])):
-            next(self._it)
-            self.position["batch"] += 1
+        """Rebuild the stream at ``position`` (the dataset skips the epoch's first batches unaugmented)."""
+        self.position = {"epoch": int(position["epoch"]), "batch": int(position["batch"])}
+        self._it = self._epoch_iterator(self.position["epoch"], skip_batches=self.position["batch"])
 
     def __next__(self) -> dict:
         if self._it is None:
@@ -102,7 +104,7 @@ class ShardBatches:
             batch = next(self._it)
         except StopIteration:
             if self.position["batch"] == 0:
-                raise ValueError(f"{self.shard_dir}: rank {self.rank} of {self.world} got no complete batch of "
+                raise DataError(f"{self.shard_dir}: rank {self.rank} of {self.world} got no complete batch of "
                                  f"{self.local_batch} pages in an epoch; use more pages or a smaller batch") from None
             self.position = {"epoch": self.position["epoch"] + 1, "batch": 0}
             self._it = self._epoch_iterator(self.position["epoch"])

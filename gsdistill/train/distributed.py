@@ -7,6 +7,8 @@ import socket
 import torch
 import torch.distributed as dist
 
+from gsdistill.errors import InputError
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -19,11 +21,11 @@ def pick_device(name: str, local_rank: int) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("train.device=cuda but no CUDA device is available")
+            raise InputError("train.device=cuda but no CUDA device is available")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     if name != "cpu":
-        raise ValueError(f"train.device must be auto, cpu or cuda, got {name!r}")
+        raise InputError(f"train.device must be auto, cpu or cuda, got {name!r}")
     return torch.device("cpu")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from gsdistill.errors import CorruptFileError, MissingFileError
 from gsdistill.train import checkpoint
 from gsdistill.train.engine_torch import build_adamw, param_groups
 
@@ -27,11 +28,11 @@ def load_ds_config(path: str | Path, cfg, micro_batch: int) -> dict:
     """The JSON config with the keys this trainer owns filled in from the pretrain config."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"deepspeed config not found: {path}")
+        raise MissingFileError(f"train.deepspeed_config: deepspeed config not found: {path}")
     try:
         ds = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise CorruptFileError(f"{path}: not valid JSON ({e})") from None
     ds.pop("_comment", None)
     ds["train_micro_batch_size_per_gpu"] = int(micro_batch)
     ds["gradient_accumulation_steps"] = 1
@@ -67,6 +68,17 @@ class DeepSpeedEngine:
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
 
+    @torch.no_grad()
+    def weight_norm(self) -> float:
+        """Global L2 norm of the trained student weights; under ZeRO-3 each rank sums the squares of
+        its own partitions (``ds_tensor``) and one all-reduce adds them, nothing is gathered."""
+        params = [p for _, p in self.module.student_parameters() if p.requires_grad]
+        parts = [getattr(p, "ds_tensor", p) if self.zero3 else p for p in params]
+        sq = torch.stack([t.detach().float().pow(2).sum().cpu() for t in parts]).sum().to(self.device)
+        if self.zero3 and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            torch.distributed.all_reduce(sq)
+        return float(sq.sqrt())
+
     def _gathered(self, params, modifier_rank=None):
         return self._ds.zero.GatheredParameters(list(params), modifier_rank=modifier_rank, enabled=self.zero3)
 
@@ -92,6 +104,6 @@ class DeepSpeedEngine:
     def load(self, folder: Path) -> None:
         path = Path(folder) / DS_SUBDIR
         if not path.is_dir():
-            raise FileNotFoundError(f"{folder}: no {DS_SUBDIR}/ state; it was written by the torch engine "
+            raise MissingFileError(f"{folder}: no {DS_SUBDIR}/ state; it was written by the torch engine "
                                     "(resume with train.engine=torch, or start a new run)")
         self.engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=True)

@@ -2,7 +2,8 @@
 
 Both engines (this one and :mod:`gsdistill.train.engine_deepspeed`) offer the same small surface
 the loop uses: ``forward(batch) -> terms``, ``backward_step(total, lr) -> grad_norm``,
-``update_teacher(momentum)``, ``save(folder, rank)``, ``load(folder)``, ``model_state()``, ``module``.
+``weight_norm()``, ``update_teacher(momentum)``, ``save(folder, rank)``, ``load(folder)``,
+``model_state()``, ``module``.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
+from gsdistill.errors import InputError
 from gsdistill.train import checkpoint
 
 
@@ -46,7 +48,7 @@ class TorchEngine:
         self.clip = float(cfg["optim"]["clip_grad"])
         precision = str(cfg["train"]["precision"])
         if precision not in ("fp32", "bf16"):
-            raise ValueError(f"train.precision must be fp32 or bf16, got {precision!r}")
+            raise InputError(f"train.precision must be fp32 or bf16, got {precision!r}")
         self.autocast = precision == "bf16"  # weights and optimizer stay fp32; matmuls run in bf16
         self.optimizer = build_adamw(param_groups(model, float(cfg["optim"]["weight_decay"])), cfg["optim"])
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -74,6 +76,11 @@ class TorchEngine:
             norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
             self.optimizer.step()
         return float(norm)
+
+    @torch.no_grad()
+    def weight_norm(self) -> float:
+        """Global L2 norm of the trained student weights (identical on every DDP rank)."""
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.float()) for p in self.params])))
 
     def update_teacher(self, momentum: float) -> None:
         with record_function("gsdistill.ema"):

@@ -1,0 +1,32 @@
+"""The project's own error base: an error whose message is meant for the user as it stands.
+
+Every stage raises a subclass of :class:`GsdistillError` for bad input (a config value, a file that
+is missing, truncated or of the wrong kind); the ``gsdistill`` command prints its message as one
+line and exits with code 2 instead of showing a traceback. The subclasses also derive from the
+built-in type a caller would expect (``ValueError``, ``FileNotFoundError``), so code that catches
+those keeps working.
+"""
+from __future__ import annotations
+
+
+class GsdistillError(Exception):
+    """Bad input, explained in one line that names the file or config key and the problem."""
+
+
+class MissingFileError(GsdistillError, FileNotFoundError):
+    """A file or folder the command needs does not exist."""
+
+
+class CorruptFileError(GsdistillError, ValueError):
+    """A file exists but cannot be read (truncated, not of the expected format)."""
+
+
+class InputError(GsdistillError, ValueError):
+    """Any other unusable input (a checkpoint that does not fit the config, a batch with NaN, ...)."""
+
+
+def corrupt(path, exc: BaseException, what: str = "") -> CorruptFileError:
+    """``CorruptFileError`` naming ``path`` and the library's own one-line reason."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    kind = f" {what}" if what else ""
+    return CorruptFileError(f"{path}: unreadable{kind} file, truncated or corrupt ({type(exc).__name__}: {reason})")
