@@ -1,4 +1,4 @@
-"""The learning path learns: alignment only, 16 fixed synthetic pages, no augmentation.
+"""The learning path learns: alignment only, 16 fixed synthetic pages, no augmentation (issue 11).
 
 After a short real training run (full-page views, cached all-MiniLM-L6-v2 embeddings, both heads),
 each training page must be found from its own texts, through each head, for >= 90% of the pages
@@ -21,7 +21,9 @@ from gsdistill.train.data_stream import FixedBatches
 from gsdistill.train.pretrain import run_pretraining
 
 SIZE, PAGES = 64, 16
-ALIGN_ONLY = ["objective.distill=false", "objective.ibot=false", "objective.koleo=false",
+# the demo's heads: per-span MPCL on the semantic head, the page's mean descriptor on the geometric one
+ALIGN_ONLY = ["objective.distill=false", "objective.ibot=false", "objective.koleo=false", "objective.geom_target=mean",
+              "objective.symmetric=true",
               f"views.global_size={SIZE}", "views.n_global=1", "views.n_local=0", f"model.backbone.img_size={SIZE}",
               f"optim.batch_size={PAGES}", "optim.steps=120", "optim.warmup_steps=10", "optim.lr=1e-3",
               "train.log_every=20", "train.ckpt_every=1000", "train.progress=false", "train.tensorboard=false",

@@ -193,7 +193,7 @@ def test_evaluate_matches_brute_force_and_is_deterministic():
     assert res["per_seed"]["multi_positive"][1] == res["per_seed"]["single_positive"][1]
     # spread is over seeds
     v = [res["per_seed"]["multi_positive"][8][s]["Acc@1"] for s in (0, 1)]
-    assert res["summary"]["multi_positive"][8]["Acc@1"]["std"] == pytest.approx(np.std(v))
+    assert res["summary"]["multi_positive"][8]["Acc@1"]["std"] == pytest.approx(np.std(v, ddof=1))  # sample std over the seeds
     again = pr.evaluate_page_retrieval(model, pages, FakeTextEncoder(), _cfg(), progress=False)
     assert again["per_seed"] == res["per_seed"]
     # more crops help an informative model

@@ -86,3 +86,20 @@ def test_paired_difference_against_hand_computation():
     res["B"]["page_ids"] = ["p", "q", "r", "x"]
     with pytest.raises(ValueError, match="same gallery"):
         page_report.paired_difference(res, ("A", "single_positive"), ("B", "multi_positive"), 1)
+
+
+def test_paired_difference_resamples_documents_not_pages():
+    # 10 documents of 4 pages: model B beats A on every page of documents 0-4 and on none of 5-9
+    page_ids = [f"p{i}" for i in range(40)]
+    hits_b = [1 if i // 4 < 5 else 0 for i in range(40)]
+
+    def result(hits, doc_ids):
+        return {"page_ids": page_ids, "doc_ids": doc_ids, "hits_at_1": {"multi_positive": {1: {0: hits}}}}
+    docs = [f"d{i // 4}" for i in range(40)]
+    by_doc = page_report.paired_difference({"A": result([0] * 40, docs), "B": result(hits_b, docs)},
+                                           ("A", "multi_positive"), ("B", "multi_positive"), 1)
+    by_page = page_report.paired_difference({"A": result([0] * 40, page_ids), "B": result(hits_b, page_ids)},
+                                            ("A", "multi_positive"), ("B", "multi_positive"), 1)
+    assert by_doc["diff"] == by_page["diff"] == 0.5 and by_doc["n_docs"] == 10
+    width = lambda d: d["ci95"][1] - d["ci95"][0]  # noqa: E731
+    assert width(by_doc) > 1.5 * width(by_page)  # correlated pages: the honest interval is wider

@@ -73,10 +73,12 @@ def _assert_same(run: dict, ref: dict, rtol: float) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("mask_prob", ["1.0", "0.5"])  # 0.5 = the default: masks fall unevenly on ranks
-def test_two_torch_processes_equal_one_process(tmp_path, mask_prob):
-    ref = _reference(tmp_path, [f"views.mask_prob={mask_prob}"])
-    _assert_same(_spawn(2, [f"views.mask_prob={mask_prob}"], tmp_path / "ddp2"), ref, rtol=1e-4)
+@pytest.mark.parametrize("extra", [["views.mask_prob=1.0"], ["views.mask_prob=0.5"],  # 0.5: masks fall unevenly
+                                   ["objective.symmetric=true", "objective.geom_target=mean",  # the demo's heads
+                                    "model.geom_pool_grid=2", "model.sem_pool_grid=2"]])
+def test_two_torch_processes_equal_one_process(tmp_path, extra):
+    ref = _reference(tmp_path, extra)
+    _assert_same(_spawn(2, extra, tmp_path / "ddp2"), ref, rtol=1e-4)
 
 
 def test_deepspeed_zero3_offload_equals_torch_engine(tmp_path):

@@ -93,7 +93,9 @@ def test_every_ablation_config_runs_forward_backward(experiment):
     heads = {"semantic": {"sem"}, "dual": {"sem", "geom"}, "joint": {"joint"}}[o.heads]
     expected = heads | {k for k in ("distill", "ibot", "koleo") if o[k]} | {"total"}
     assert set(terms) == expected
-    weighted = sum(model.weights[k] * v for k, v in terms.items() if k != "total")
+    ramp = 1.0 / model.distill_warmup if model.distill_warmup > 0 else 1.0  # first step of the ramp
+    weighted = sum(model.weights[k] * (ramp if k in ("distill", "ibot") else 1.0) * v
+                   for k, v in terms.items() if k != "total")
     torch.testing.assert_close(terms["total"], weighted)
     terms["total"].backward()
     grads = [p.grad for _, p in model.student_parameters()]
@@ -172,3 +174,65 @@ def test_teacher_targets_are_deterministic_under_student_drop_path():
     t2 = encode_views(model.teacher["backbone"], glob)[0]
     torch.testing.assert_close(t1, t2)
     assert not torch.equal(encode_views(model.backbone, glob)[0], encode_views(model.backbone, glob)[0])
+
+
+def test_short_run_schedules_ramp_distillation_and_warm_the_teacher_temperature():
+    model, batch, _ = model_and_batch("default", "views.n_local=2", "objective.distill_warmup_steps=4",
+                                      "objective.teacher_temp_start=0.02", "objective.teacher_temp=0.06",
+                                      "objective.teacher_temp_warmup_steps=2")
+    seen = []
+    for _ in range(5):
+        seen.append((float(model.distill_ramp()), model.current_teacher_temp()))
+        terms = model(batch)
+        parts = sum(model.weights[k] * v for k, v in terms.items() if k not in ("total", "distill", "ibot"))
+        torch.testing.assert_close(terms["total"], parts + seen[-1][0] * (
+            model.weights["distill"] * terms["distill"] + model.weights["ibot"] * terms["ibot"]))
+    assert [r for r, _ in seen] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert [t for _, t in seen] == pytest.approx([0.02, 0.04, 0.06, 0.06, 0.06])
+    assert int(model.state_dict()["steps_seen"]) == 5  # saved with the model, so a resume continues the ramp
+    model.eval()
+    model(batch)
+    assert int(model.steps_seen) == 5  # evaluation forwards do not advance the schedule
+
+
+def test_grid_heads_read_where_things_are():
+    from gsdistill.models.vit_encoder import grid_pool
+    patches = torch.arange(16.0).reshape(1, 16, 1)  # a 4x4 token map holding its own index
+    pooled = grid_pool(patches, (64, 64), 16, 2)
+    assert pooled.flatten().tolist() == [2.5, 4.5, 10.5, 12.5]  # means of the four 2x2 quadrants
+    model, batch, _ = model_and_batch("mpcl_dual", "model.geom_pool_grid=2", "objective.geom_target=mean")
+    assert model.align["geom"].head.net.in_features == 4 * model.backbone.embed_dim
+    flipped = batch["global_crops"].flip(-1)
+    a, b = model.embed_pages_geom(batch["global_crops"]), model.embed_pages_geom(flipped)
+    assert not torch.allclose(a, b, atol=1e-4)  # a mirrored page has another layout
+    terms = model(batch)
+    # geom_target=mean: one text per page, the mean of its valid descriptor embeddings (InfoNCE)
+    valid = batch["geom_valid"].unsqueeze(-1).float()
+    mean = (batch["geom_emb"] * valid).sum(1) / valid.sum(1)
+    head = model.align["geom"]
+    z = head.embed_pages(model.head_inputs(*encode_views(model.backbone, batch["global_crops"], with_patches=True),
+                                           batch["global_crops"].shape[-2:], "geom"))
+    logits = head.logit_scale.scale * z @ head.embed_text(mean).T
+    torch.testing.assert_close(terms["geom"], F.cross_entropy(logits, torch.arange(4).repeat(2)))
+
+
+def test_symmetric_alignment_adds_the_text_to_page_direction():
+    _, batch, _ = model_and_batch("mpcl_dual")
+    torch.manual_seed(0)
+    one_way = GSDistill(tiny("mpcl_dual"))
+    torch.manual_seed(0)
+    both = GSDistill(tiny("mpcl_dual", "objective.symmetric=true"))
+    t1, t2 = one_way(batch), both(batch)
+    h = encode_views(both.backbone, batch["global_crops"])[0]
+    page_of_view = torch.arange(4).repeat(2)
+    for name in ("sem", "geom"):
+        head = both.align[name]
+        z = head.embed_pages(h)
+        valid = batch[f"{name}_valid"].reshape(-1)
+        texts = head.embed_text(batch[f"{name}_emb"]).reshape(-1, z.shape[1])[valid]
+        text_page = torch.arange(4).repeat_interleave(batch[f"{name}_valid"].shape[1])[valid]
+        # SumMargLH (MPCL) per text: -log of the softmax mass on the views of its own page
+        log_p = torch.log_softmax(head.logit_scale.scale * texts @ z.T, dim=1)
+        own = text_page[:, None] == page_of_view[None, :]
+        reverse = -torch.logsumexp(log_p.masked_fill(~own, float("-inf")), dim=1).mean()
+        torch.testing.assert_close(t2[name], 0.5 * (t1[name] + reverse))

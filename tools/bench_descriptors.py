@@ -228,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--formats: unknown {unknown}; choose from {', '.join([*FORMATS, BOX_ENCODER])}", file=sys.stderr)
         return 2
     cache = EmbeddingCache(args.cache)
-    bench(f"synthetic (seed {args.seed})", synthetic_pages(args.synthetic_pages, args.seed), formats, cache, args.tables)
-    if not args.no_real:
+    if args.synthetic_pages > 0 and formats:
+        bench(f"synthetic (seed {args.seed})", synthetic_pages(args.synthetic_pages, args.seed), formats, cache, args.tables)
+    if not args.no_real and formats:
         if not args.real.is_dir():
             print(f"--real {args.real}: no such folder (use --no-real)", file=sys.stderr)
             return 2

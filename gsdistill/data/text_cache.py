@@ -156,8 +156,9 @@ def open_embeddings(shard_dir: str | Path, required: bool = False, encoder: str 
     cached = meta.get("descriptor_version")
     wanted = _checked_format(descriptor_format) if descriptor_format is not None else None
     if meta.get("format") != FORMAT or cached not in FORMATS or (wanted is not None and cached != wanted):
-        raise DataError(f"{shard_dir}: embeddings cached for descriptor format {cached!r}, wanted "
-                        f"{wanted or 'one of ' + ', '.join(FORMATS)!r}; rebuild with 'gsdistill tuples embed {shard_dir}'")
+        want = repr(wanted) if wanted else "a registered one (" + ", ".join(FORMATS) + ")"
+        raise DataError(f"{shard_dir}: embeddings cached for descriptor format {cached!r}, wanted {want}; "
+                        f"rebuild with 'gsdistill tuples embed {shard_dir}'")
     if encoder is not None and meta.get("encoder") != encoder:
         raise DataError(f"{shard_dir}: embeddings were made with {meta.get('encoder')!r}, not {encoder!r}; "
                         f"rebuild with 'gsdistill tuples embed {shard_dir} --encoder {encoder}'")

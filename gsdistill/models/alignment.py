@@ -40,8 +40,9 @@ class PageTextAlignment(nn.Module):
 
     def __init__(self, embed_dim: int, text_dim: int, proj_dim: int = 256, head_hidden_dim: int = 0,
                  loss: str = "sum_marg_lh", init_temperature: float = 0.07, learnable_scale: bool = True,
-                 max_scale: float = 100.0, queue_size: int = 0):
+                 max_scale: float = 100.0, queue_size: int = 0, symmetric: bool = False):
         super().__init__()
+        self.symmetric = bool(symmetric)
         self.head = ProjectionHead(embed_dim, proj_dim, head_hidden_dim)
         self.text_proj = TextProjection(text_dim, proj_dim)
         self.logit_scale = LogitScale(init_temperature, learnable_scale, max_scale)
@@ -85,9 +86,33 @@ class PageTextAlignment(nn.Module):
             positives = F.pad(positives, (0, self.queue_size), value=False)
         scores = self.logit_scale(z @ cand.T)
         loss = self.loss(scores, positives, cand_valid.unsqueeze(0).expand_as(scores))
+        if self.symmetric:  # and each of this rank's texts finds its page among all ranks' page views
+            loss = 0.5 * (loss + self._text_to_page(z, anchor_page, n_pages, width, cand, cand_valid))
         if self.queue_size and self.training:
             self._enqueue(gather_with_grad(text.detach()), gather_with_grad(valid.float()).bool())
         return loss, z
+
+    def _text_to_page(self, z, anchor_page, n_pages, width, cand, cand_valid) -> torch.Tensor:
+        """The reverse direction (CLIP's symmetric loss): anchors = this rank's valid texts,
+        candidates = every rank's page views, positives = the views of the text's own page. Retrieval
+        runs this way (a page's texts are the query), so training both ways fits what is measured."""
+        offset = rank_offset(n_pages)
+        first = offset * width  # this rank's texts inside the gathered candidates
+        texts = cand[first:first + n_pages * width]
+        text_valid = cand_valid[first:first + n_pages * width]
+        text_page = torch.arange(n_pages, device=z.device).repeat_interleave(width) + offset
+        z_all = gather_with_grad(z)
+        view_page = gather_with_grad((anchor_page + offset).to(z.dtype)[:, None])[:, 0].long()
+        rev = self.logit_scale(texts[text_valid] @ z_all.T)
+        loss = self.loss(rev, text_page[text_valid].unsqueeze(1) == view_page.unsqueeze(0))
+        if not is_distributed():
+            return loss
+        # ranks hold different numbers of valid texts: weight this rank's mean by its share, so the
+        # average over ranks (DDP's gradient average) is the mean over all texts, as on one process
+        n_local = text_valid.sum().to(loss.dtype)
+        n_all = n_local.detach().clone()
+        dist.all_reduce(n_all)
+        return loss * n_local * dist.get_world_size() / n_all
 
     @torch.no_grad()
     def _enqueue(self, text: torch.Tensor, valid: torch.Tensor) -> None:

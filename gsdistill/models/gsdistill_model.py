@@ -61,7 +61,7 @@ class GSDistill(nn.Module):
             name: PageTextAlignment(dim * max(self.pool_grid[name], 1) ** 2, int(m["text_dim"]), int(m["proj_dim"]), int(m["head_hidden_dim"]),
                                     str(o["loss_geom"] or o["loss"]) if name == "geom" else o["loss"],
                                     float(m["init_temperature"]), bool(m["learnable_scale"]),
-                                    float(m["max_logit_scale"]), int(o["queue_size"]))
+                                    float(m["max_logit_scale"]), int(o["queue_size"]), bool(o["symmetric"]))
             for name in HEADS[o["heads"]]})
         self.weights = {name: float(o["lambda_geom"] if name == "geom" else o["lambda_sem"]) for name in self.align}
         self.use_distill, self.use_ibot, self.use_koleo = bool(o["distill"]), bool(o["ibot"]), bool(o["koleo"])

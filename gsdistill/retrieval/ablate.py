@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 
 FIELDS = ["label", "table", "experiment", "seed", "det_mAP50", "det_mAP50-95", "retrieval_acc1",
-          "retrieval_mrr", "n_gallery", "pretrain_s", "detect_s", "retrieval_s", "run_dir", "detect_dir"]
+          "retrieval_mrr", "n_gallery", "geom_acc1", "geom_chance", "pretrain_s", "detect_s", "retrieval_s",
+          "run_dir", "detect_dir"]
+RANDOM = "random"  # the reference row: no pretraining, a random backbone of the rows' architecture
 
 
 def slug(text: str) -> str:
@@ -75,8 +77,35 @@ def retrieval_pages(cfg) -> tuple[list[dict] | None, Path | None]:
     return list(generate_pages(int(cfg.retrieval.synthetic_pages), seed=int(cfg.retrieval.synthetic_seed))), None
 
 
+def geometric_pages(cfg, out_dir: Path, descriptor_format: str) -> list[dict]:
+    """Held-out pages with cached descriptor embeddings in ``descriptor_format`` (built once per format)."""
+    from gsdistill.data.shards import read_pages, write_shards
+    from gsdistill.data.text_cache import embed_shards
+    folder = Path(cfg.retrieval.pages) if cfg.retrieval.pages else out_dir / "retrieval_data"
+    if not cfg.retrieval.pages and not (folder / "manifest.json").is_file():
+        from gsdistill.data.synthetic import generate_pages
+        write_shards(generate_pages(int(cfg.retrieval.synthetic_pages), seed=int(cfg.retrieval.synthetic_seed)), folder)
+    embed_shards(folder, descriptor_format=descriptor_format, progress=False)
+    return list(read_pages(folder))
+
+
+def random_reference(cfg, seed: int, out_dir: Path):
+    """The untrained GSDistill model of the rows' architecture and its exported random backbone."""
+    import torch
+
+    from gsdistill.config import load_config
+    from gsdistill.models.gsdistill_model import GSDistill
+    from gsdistill.train.pretrain import export_backbone
+    pre_cfg = load_config("pretrain", cfg.rows[-1].experiment, list(cfg.pretrain_overrides) + [f"train.seed={seed}"])
+    torch.manual_seed(seed)
+    model = GSDistill(pre_cfg).eval()
+    folder = export_backbone(model.state_dict(), pre_cfg, out_dir / "pretrain" / f"{RANDOM}-s{seed}" / "backbone")
+    return model, folder, pre_cfg
+
+
 def run_row(row: dict, seed: int, cfg, out_dir: Path, data_yaml: Path, eval_pages) -> dict:
-    """Pretrain, fine-tune the detection head, validate, and score 1-crop retrieval for one row."""
+    """Pretrain, fine-tune the detection head, validate, and score 1-crop and geometric retrieval for
+    one row; the ``random`` row skips pretraining (same head, same detection budget)."""
     from gsdistill.config import load_config
     from gsdistill.detect.pipeline import train_head, validate
     from gsdistill.retrieval import splits
@@ -85,13 +114,20 @@ def run_row(row: dict, seed: int, cfg, out_dir: Path, data_yaml: Path, eval_page
     from gsdistill.train.checkpoint import load_pretrained
     from gsdistill.train.pretrain import run_pretraining
 
+    from gsdistill.retrieval.head_retrieval import head_retrieval
+
     name = f"{slug(row['experiment'])}-s{seed}"
     t0 = time.perf_counter()
-    pre_cfg = load_config("pretrain", row["experiment"], list(cfg.pretrain_overrides) + [f"train.seed={seed}"])
-    run_dir = Path(run_pretraining(pre_cfg, out_dir / "pretrain" / name))
+    if row["experiment"] == RANDOM:
+        model, backbone, pre_cfg = random_reference(cfg, seed, out_dir)
+        run_dir = backbone.parent
+    else:
+        pre_cfg = load_config("pretrain", row["experiment"], list(cfg.pretrain_overrides) + [f"train.seed={seed}"])
+        run_dir = Path(run_pretraining(pre_cfg, out_dir / "pretrain" / name))
+        model, backbone = load_pretrained(run_dir), run_dir / "backbone"
     t1 = time.perf_counter()
     det_cfg = load_config("detect", None, list(cfg.detect.overrides) + [
-        f"backbone={run_dir / 'backbone'}", f"data={data_yaml}", f"project={out_dir / 'detect'}",
+        f"backbone={backbone}", f"data={data_yaml}", f"project={out_dir / 'detect'}",
         f"name={name}", f"seed={seed}"])
     det_dir = Path(train_head(det_cfg))
     det = validate(det_dir / "weights" / "best.pt", data_yaml, cfg=det_cfg)
@@ -103,19 +139,24 @@ def run_row(row: dict, seed: int, cfg, out_dir: Path, data_yaml: Path, eval_page
         eval_docs = splits.document_ids(shard_dir)
     else:
         eval_docs = {splits.page_doc_id(p) for p in pages}
-    train_shards = pretrain_shards(run_dir, run_config(run_dir))
+    train_shards = pretrain_shards(run_dir, run_config(run_dir)) if row["experiment"] != RANDOM else None
     if train_shards is not None:
         splits.check_held_out(eval_docs, splits.document_ids(train_shards), f"ablation row {row['label']}")
     ev_cfg = load_config("eval", None, list(cfg.retrieval.overrides))
     if ev_cfg.retrieval.image_size is None:
         ev_cfg.retrieval.image_size = int(pre_cfg.views.global_size)
-    ret = evaluate_page_retrieval(load_pretrained(run_dir), pages, None, ev_cfg)
+    ret = evaluate_page_retrieval(model, pages, None, ev_cfg)
     k = min(ret["summary"]["multi_positive"])
+    geom = None
+    if "geom" in model.align:  # rows without a geometric head leave the column empty
+        geom = head_retrieval(model, geometric_pages(cfg, out_dir, str(pre_cfg.data.descriptor_format)), "geom",
+                              int(pre_cfg.views.global_size), seed=seed)
     t3 = time.perf_counter()
     return {"label": row["label"], "table": row.get("table", ""), "experiment": row["experiment"], "seed": seed,
             "det_mAP50": det["mAP50"], "det_mAP50-95": det["mAP50-95"],
             "retrieval_acc1": ret["summary"]["multi_positive"][k]["Acc@1"]["mean"],
             "retrieval_mrr": ret["summary"]["multi_positive"][k]["MRR"]["mean"], "n_gallery": ret["n_gallery"],
+            "geom_acc1": "" if geom is None else geom["acc1"], "geom_chance": "" if geom is None else geom["chance"],
             "pretrain_s": round(t1 - t0, 1), "detect_s": round(t2 - t1, 1), "retrieval_s": round(t3 - t2, 1),
             "run_dir": str(run_dir), "detect_dir": str(det_dir)}
 
@@ -130,24 +171,40 @@ def aggregate(results: list[dict], rows: list[dict]) -> list[dict]:
         agg = {"label": row["label"], "table": row.get("table", ""), "seeds": len(got),
                "paper_det": row.get("paper_det"), "paper_retrieval": row.get("paper_retrieval"),
                "n_gallery": got[0]["n_gallery"]}
-        for key in ("det_mAP50", "det_mAP50-95", "retrieval_acc1"):
-            vals = np.array([float(r[key]) for r in got])
-            agg[key] = (float(vals.mean()), float(vals.std()))
+        for key in ("det_mAP50", "det_mAP50-95", "retrieval_acc1", "geom_acc1"):
+            vals = np.array([float(r[key]) for r in got if str(r.get(key, "")) != ""])
+            # sample std over seeds (ddof=1); one seed has no spread
+            agg[key] = None if not len(vals) else (float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0)
+        chance = [float(r["geom_chance"]) for r in got if str(r.get("geom_chance", "")) != ""]
+        agg["geom_chance"] = chance[0] if chance else None
         agg["minutes"] = sum(float(r[k]) for r in got for k in ("pretrain_s", "detect_s", "retrieval_s")) / 60
         out.append(agg)
     return out
 
 
+def _or_dash(v) -> str:
+    return "–" if v is None else str(v)
+
+
 def markdown(agg: list[dict], scale: str) -> str:
-    lines = ["| configuration | table | det mAP@50 | det mAP@50-95 | retrieval Acc@1 (1 crop) | seeds | "
-             "paper det | paper retrieval |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    """The table; detection is also shown as the gain over the ``random`` reference row (same head, budget)."""
+    ref = next((a for a in agg if a["label"].startswith("random backbone")), None)
+    lines = ["| configuration | table | det mAP@50 | det mAP@50 − random | det mAP@50-95 | retrieval Acc@1 (1 crop) | "
+             "geometric Acc@1 | seeds | paper det | paper retrieval |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def pm(v):
+        return "–" if v is None else f"{100 * v[0]:.1f} ± {100 * v[1]:.1f}"
     for a in agg:
-        cells = [f"{100 * a[k][0]:.1f} ± {100 * a[k][1]:.1f}" for k in ("det_mAP50", "det_mAP50-95", "retrieval_acc1")]
+        gain = "–" if ref is None or a is ref else f"{100 * (a['det_mAP50'][0] - ref['det_mAP50'][0]):+.1f}"
+        cells = [pm(a["det_mAP50"]), gain, pm(a["det_mAP50-95"]), pm(a["retrieval_acc1"]), pm(a.get("geom_acc1"))]
         lines.append(f"| {a['label']} | {a['table']} | " + " | ".join(cells)
-                     + f" | {a['seeds']} | {a['paper_det']} | {a['paper_retrieval']} |")
+                     + f" | {a['seeds']} | {_or_dash(a['paper_det'])} | {_or_dash(a['paper_retrieval'])} |")
     if agg:
-        lines += ["", f"Numbers in %, mean ± std over pretraining seeds; retrieval gallery {agg[0]['n_gallery']} "
-                  f"pages (chance {100 / max(int(agg[0]['n_gallery']), 1):.1f}%). Scale: {scale}. "
+        geom_chance = next((a["geom_chance"] for a in agg if a.get("geom_chance")), None)
+        lines += ["", f"Numbers in %, mean ± sample std over pretraining seeds; retrieval gallery {agg[0]['n_gallery']} "
+                  f"pages (chance {100 / max(int(agg[0]['n_gallery']), 1):.1f}%); geometric Acc@1: a page's box "
+                  "descriptors find its image through the geometric head"
+                  + (f" (chance {100 * geom_chance:.1f}%)" if geom_chance else "") + f". Scale: {scale}. "
                   "Paper columns: paper 003 Tables 3 and A1 (DocLayNet, 600K pages)."]
     return "\n".join(lines) + "\n"
 

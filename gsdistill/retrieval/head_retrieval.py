@@ -104,12 +104,15 @@ def head_retrieval(model, pages: Iterable[dict], head: str = "geom", image_size:
     aggregation = aggregation or DEFAULT_AGGREGATION[head]
     scores = aggregate_crop_scores(sims, valid, aggregation, temperature)
     true = scores.diagonal().unsqueeze(1)
-    rank = (scores > true).sum(1) + 1  # ties count in the page's favour only against itself
-    hits = (rank == 1).numpy().astype(float)
+    # a tie is never a hit and costs half a place in the rank: a collapsed model (all pages equal)
+    # must score as chance, not as perfect
+    better, ties = (scores > true).sum(1), (scores == true).sum(1) - 1
+    rank = better.float() + 1 + ties.float() / 2
+    hits = ((better == 0) & (ties == 0)).numpy().astype(float)
     doc_ids = [str(p.get("doc_id") or p["id"]) for p in usable]
     lo, hi = bootstrap_by_document(hits, doc_ids, n_boot, seed)
     return {"head": head, "k": k, "aggregation": aggregation, "acc1": float(hits.mean()), "ci95": [lo, hi],
-            "r5": float((rank <= 5).float().mean()), "mrr": float((1.0 / rank.float()).mean()),
+            "r5": float((rank <= 5).float().mean()), "mrr": float((1.0 / rank).mean()),
             "chance": 1.0 / len(usable), "n_pages": len(usable), "n_docs": len(set(doc_ids)),
             "skipped": len(pages) - len(usable), "spread": embedding_spread(gallery),
             "hits": hits.tolist(), "page_ids": [p["id"] for p in usable]}

@@ -21,10 +21,15 @@ def page_crops(page: dict, min_span_chars: int = 1) -> list[str]:
 
 
 def _image_tensor(image, size: int) -> torch.Tensor:
-    """PIL image -> uint8 ``[3, size, size]`` (the whole page squashed, as a scale-1 global view)."""
-    from PIL import Image
-    img = image.convert("RGB").resize((size, size), Image.BILINEAR)
-    return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+    """PIL image -> uint8 ``[3, size, size]`` (the whole page squashed, as a scale-1 global view).
+
+    Resized exactly as the training views are (``gsdistill.data.views``: OpenCV area interpolation
+    when shrinking, bilinear when enlarging), so a page seen in training is the same image here."""
+    import cv2
+    arr = np.asarray(image.convert("RGB"), dtype=np.uint8)
+    shrink = size < arr.shape[0] or size < arr.shape[1]
+    out = cv2.resize(arr, (size, size), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+    return torch.from_numpy(np.ascontiguousarray(out)).permute(2, 0, 1)
 
 
 def select_gallery(pages: Iterable[dict], n_gallery: int, image_size: int, seed: int = 0,

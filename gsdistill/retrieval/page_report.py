@@ -65,19 +65,20 @@ def paired_difference(results: dict[str, dict], a: tuple[str, str], b: tuple[str
     """Acc@1 of ``b`` minus ``a`` (each a (model, scoring)) on the same queries, with a 95% CI.
 
     Per query the top-1 hits are averaged over the crop seeds; the CI is a percentile bootstrap
-    over queries (the pages are the sampling unit), so it reflects both gallery and crop noise.
+    that resamples **documents** (pages of one document are correlated, so they are drawn together;
+    results without ``doc_ids`` fall back to one document per page).
     """
+    from gsdistill.retrieval.head_retrieval import bootstrap_by_document
     ra, rb = results[a[0]], results[b[0]]
     if ra["page_ids"] != rb["page_ids"]:
         raise ValueError(f"paired comparison needs the same gallery: {a[0]} and {b[0]} differ")
     ha = np.mean([ra["hits_at_1"][a[1]][k][s] for s in sorted(ra["hits_at_1"][a[1]][k])], axis=0)
     hb = np.mean([rb["hits_at_1"][b[1]][k][s] for s in sorted(rb["hits_at_1"][b[1]][k])], axis=0)
     diff = hb - ha
-    rng = np.random.default_rng(seed)
-    boot = diff[rng.integers(0, len(diff), size=(n_boot, len(diff)))].mean(1)
-    return {"a": list(a), "b": list(b), "k": int(k), "diff": float(diff.mean()),
-            "ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
-            "n_queries": int(len(diff))}
+    docs = ra.get("doc_ids") or list(ra["page_ids"])
+    lo, hi = bootstrap_by_document(diff, docs, n_boot, seed)
+    return {"a": list(a), "b": list(b), "k": int(k), "diff": float(diff.mean()), "ci95": [lo, hi],
+            "n_queries": int(len(diff)), "n_docs": len(set(docs))}
 
 
 def default_pairs(results: dict[str, dict]) -> list[tuple[tuple[str, str], tuple[str, str]]]:

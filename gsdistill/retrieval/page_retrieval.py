@@ -322,11 +322,13 @@ def evaluate_page_retrieval(model, pages: Iterable[dict], text_encoder=None, cfg
                 hits[scoring].setdefault(k, {})[seed] = [int(int(i) >= 0 and page_ids[int(i)] == pid)
                                                          for pid, i in zip(page_ids, ids[:, 0])]
     summary = {s: {k: {m: {"mean": float(np.mean([v[m] for v in by_seed.values()])),
-                           "std": float(np.std([v[m] for v in by_seed.values()]))} for m in MEASURES}
+                           # sample std over seeds (ddof=1); a single seed has no spread
+                           "std": float(np.std([v[m] for v in by_seed.values()], ddof=1)) if len(by_seed) > 1
+                           else 0.0} for m in MEASURES}
                    for k, by_seed in per_k.items()} for s, per_k in per_seed.items()}
     return {"summary": summary, "per_seed": per_seed, "crops_per_query": crops_used, "n_gallery": n,
             "chance_acc1": 1.0 / n, "search": "faiss+rescore" if use_faiss else "exact",
             "aggregation": c["aggregation"], "temperature": float(c["temperature"]),
             "image_size": size, "n_docs": len({g["doc_id"] for g in gallery}),
             "gallery_spread": embedding_spread(gal_emb), "crop_spread": embedding_spread(sampled),
-            "hits_at_1": hits, "page_ids": page_ids, **counts}
+            "hits_at_1": hits, "page_ids": page_ids, "doc_ids": [g["doc_id"] for g in gallery], **counts}
