@@ -69,10 +69,11 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     held = {p["doc_id"] for p in read_pages(eval_dir, decode_images=False)}
     data_yaml = pages_to_yolo(pages, out / "detect" / "data", val_docs=held)
     dcfg = load_config("detect", "compare", [*cfg.detect])
-    backbones = {PRETRAINED: backbone, "random backbone": None}
-    if cfg.detect_reference:
-        backbones[f"{cfg.detect_reference} (stock, all layers trained)"] = str(cfg.detect_reference)
-    rows = compare_backbones(data_yaml, backbones, seeds=list(cfg.detect_seeds), cfg=dcfg, out_dir=out / "detect")
+    rows = compare_backbones(data_yaml, {PRETRAINED: backbone, "random backbone": None}, seeds=list(cfg.detect_seeds),
+                             cfg=dcfg, out_dir=out / "detect")
+    if cfg.detect_reference:  # the reference column: fewer seeds, it only sets the scale
+        rows += compare_backbones(data_yaml, {f"{cfg.detect_reference} (stock, all layers trained)": str(cfg.detect_reference)},
+                                  seeds=list(cfg.detect_reference_seeds), cfg=dcfg, out_dir=out / "detect" / "reference")
     pages_dir = out / "detect" / "heldout_pages"
     pages_dir.mkdir(parents=True, exist_ok=True)
     for i, page in zip(range(int(cfg.predict_pages)), read_pages(eval_dir)):

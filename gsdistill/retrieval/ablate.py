@@ -96,7 +96,8 @@ def random_reference(cfg, seed: int, out_dir: Path):
     from gsdistill.config import load_config
     from gsdistill.models.gsdistill_model import GSDistill
     from gsdistill.train.pretrain import export_backbone
-    pre_cfg = load_config("pretrain", cfg.rows[-1].experiment, list(cfg.pretrain_overrides) + [f"train.seed={seed}"])
+    full = [r.experiment for r in cfg.rows if r.experiment != RANDOM][-1]  # the full objective's architecture
+    pre_cfg = load_config("pretrain", full, list(cfg.pretrain_overrides) + [f"train.seed={seed}"])
     torch.manual_seed(seed)
     model = GSDistill(pre_cfg).eval()
     folder = export_backbone(model.state_dict(), pre_cfg, out_dir / "pretrain" / f"{RANDOM}-s{seed}" / "backbone")
