@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gsdistill.config import load_config
 from gsdistill.train.metrics_log import LOSS_TERMS, read_metrics
 
 LEGIBLE_PX = 8  # a text line needs about this many pixels of height to be readable by a small ViT
@@ -108,6 +109,10 @@ def write_demo_report(cfg, out: Path, run_dir: Path, control_dir: Path | None, i
               f"`config.yaml`, metrics in `metrics.csv`, backbone export in `backbone/`)."
               + (f" Control (backbone frozen at random, heads trained the same way): `{_rel(control_dir, out)}`."
                  if control_dir else ""), "", table, ""]
+    ramp = int(load_config("pretrain", run_dir / "config.yaml").objective.distill_warmup_steps)
+    if ramp:
+        lines += [f"`total` rises over the first {ramp} steps while the self-distillation weights λ3, λ4 ramp "
+                  "in from 0 (`objective.distill_warmup_steps`); the terms themselves are logged unweighted.", ""]
     lines += [f"![{p.stem}]({_rel(p, out)})" for p in plots] + [""]
     lines += detect_section(info["detect"], out)
     lines += retrieval_section(info["retrieval"], heights)
