@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gsdistill.retrieval.head_retrieval import head_retrieval
+from gsdistill.retrieval.head_retrieval import bootstrap_by_document, head_retrieval
 
 HEAD_QUERIES = (("geom", None), ("sem", 1), ("sem", 5), ("sem", 8))
 
@@ -56,16 +56,8 @@ def paired_gain(rows: list[dict], a: str, b: str, split: str, head: str, k, n_bo
     if a not in pick or b not in pick:
         return None
     diff = np.asarray(pick[b]["hits"]) - np.asarray(pick[a]["hits"])
-    docs = doc_of or [str(i) for i in range(len(diff))]
-    uniq = sorted(set(docs))
-    idx = {d: i for i, d in enumerate(uniq)}
-    s, n = np.zeros(len(uniq)), np.zeros(len(uniq))
-    for v, d in zip(diff, docs):
-        s[idx[d]] += v
-        n[idx[d]] += 1
-    draw = np.random.default_rng(seed).integers(0, len(uniq), size=(n_boot, len(uniq)))
-    boot = s[draw].sum(1) / n[draw].sum(1)
-    return {"diff": float(diff.mean()), "ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]}
+    lo, hi = bootstrap_by_document(diff, doc_of or [str(i) for i in range(len(diff))], n_boot, seed)
+    return {"diff": float(diff.mean()), "ci95": [lo, hi]}
 
 
 def _pct(v: float) -> str:
