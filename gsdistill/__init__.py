@@ -1,7 +1,7 @@
 """gsdistill: geometry- and semantics-aware document-vision pretraining.
 
-Data flows one way: documents -> page tuples (``gsdistill.data``) -> views -> model
-(``gsdistill.models``) -> named losses (``gsdistill.losses``) -> optimizer (``gsdistill.train``).
+Data flows one way: documents -> page tuples (``gsdistill.tuples``) -> views -> model
+(``gsdistill.models``) -> named losses (``gsdistill.losses``) -> optimizer (``gsdistill.pretrain``).
 Every stage is a sub-command of ``gsdistill`` (see ``gsdistill/cli.py``).
 """
 

@@ -11,14 +11,14 @@ import sys
 
 # sub-command -> (module, one-line help)
 STAGES: dict[str, tuple[str, str]] = {
-    "tuples": ("gsdistill.data.cli", "build page-tuple shards (pdf, images, coco, docbank, synthetic), embed their texts"),
-    "pretrain": ("gsdistill.train.cli", "pretrain a ViT with the GSDistill objective (DeepSpeed or plain PyTorch)"),
-    "export": ("gsdistill.train.export_cli", "export a pretrained backbone as safetensors + config"),
+    "tuples": ("gsdistill.tuples.cli", "build page-tuple shards (pdf, images, coco, docbank, synthetic), embed their texts"),
+    "pretrain": ("gsdistill.pretrain.cli", "pretrain a ViT with the GSDistill objective (DeepSpeed or plain PyTorch)"),
+    "export": ("gsdistill.pretrain.export_cli", "export a pretrained backbone as safetensors + config"),
     "detect": ("gsdistill.detect.cli", "YOLOv10 layout detection on the frozen backbone: export, train, val, predict"),
-    "eval": ("gsdistill.retrieval.cli", "crop-subsampled page retrieval evaluation"),
-    "ablate": ("gsdistill.retrieval.ablate", "run the paper's Table 3 / A1 ablations end to end"),
-    "retriever": ("gsdistill.retrievers.cli", "train and evaluate text dense retrievers with the shared loss core"),
-    "demo": ("gsdistill.demo", "the whole pipeline on the embedded synthetic data (or --pdfs DIR)"),
+    "eval": ("gsdistill.eval.cli", "crop-subsampled page retrieval evaluation"),
+    "ablate": ("gsdistill.pipelines.ablate", "run the paper's Table 3 / A1 ablations end to end"),
+    "retriever": ("gsdistill.retriever.cli", "train and evaluate text dense retrievers with the shared loss core"),
+    "demo": ("gsdistill.pipelines.demo", "the whole pipeline on the embedded synthetic data (or --pdfs DIR)"),
 }
 
 

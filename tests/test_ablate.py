@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from gsdistill.config import configs_dir, load_config
-from gsdistill.retrieval import ablate
+from gsdistill.pipelines import ablate
 
 
 def test_every_row_names_a_pretrain_experiment_that_loads():

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf.errors import ConfigAttributeError
 
 from gsdistill.config import ConfigError, load_config, parse_overrides, save_config
 
@@ -43,8 +44,11 @@ def test_unknown_key_in_experiment_file_names_the_file(tree):
 
 def test_struct_lock_rejects_new_keys_after_loading(tree):
     cfg = load_config("toy")
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigAttributeError, match=r"Key 'new_key' is not in struct"):
         cfg.train.new_key = 1
+    with pytest.raises(ConfigAttributeError, match=r"Key 'stepz' is not in struct"):
+        cfg.train.stepz  # noqa: B018  (a misspelled read is an error too, never None)
+    assert "new_key" not in cfg.train and cfg.train.steps == 10
 
 
 def test_override_values_are_parsed_not_evaluated(tree):

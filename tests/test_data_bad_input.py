@@ -10,10 +10,10 @@ import pytest
 from PIL import Image
 
 from gsdistill.config import load_config
-from gsdistill.data import build
-from gsdistill.data.build import build_shards
-from gsdistill.data.images import to_rgb
-from gsdistill.data.shards import read_pages
+from gsdistill.tuples import build
+from gsdistill.tuples.build import build_shards
+from gsdistill.tuples.images import to_rgb
+from gsdistill.tuples.shards import read_pages
 
 
 
@@ -206,6 +206,6 @@ def test_docbank_empty_malformed_and_imageless_files(tmp_path):
 
 
 def test_missing_input_is_a_clear_error(tmp_path):
-    from gsdistill.data.errors import DataError
+    from gsdistill.tuples.errors import DataError
     with pytest.raises(DataError, match="no such file or folder"):
         build_shards("pdf", tmp_path / "absent", tmp_path / "out", cfg())

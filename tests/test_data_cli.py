@@ -4,12 +4,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import yaml
 
 from gsdistill.cli import main as gsdistill
-from gsdistill.data.cli import main
-from gsdistill.data.shards import read_pages
+from gsdistill.tuples.cli import main
+from gsdistill.tuples.shards import read_pages
 
 
 def test_build_synthetic_shards_info_and_saved_config(tmp_path, capsys):
@@ -32,7 +31,7 @@ def test_build_synthetic_shards_info_and_saved_config(tmp_path, capsys):
 
 
 def test_flags_and_overrides_set_config_keys(tmp_path):
-    from gsdistill.data.cli import _config, _parser
+    from gsdistill.tuples.cli import _config, _parser
     args = _parser().parse_args(["build", "--from", "pdf", "in", "--out", "o", "--dpi", "150", "--max-pages", "7",
                                  "--limit", "3", "--no-ocr"])
     args.overrides = ["pdf.max_page_count=9", "pdf.dpi=99"]
@@ -62,7 +61,6 @@ def test_unknown_key_and_bad_input_are_clear_errors(tmp_path, capsys):
 
 
 def test_embed_caches_minilm_vectors(tmp_path):
-    pytest.importorskip("sentence_transformers")
     out = tmp_path / "one"
     assert main(["build", "--from", "synthetic", "1", "--out", str(out), "synthetic.width=256",
                  "synthetic.height=256", "build.progress=false"]) == 0

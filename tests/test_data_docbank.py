@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gsdistill.data.docbank import group_tokens, parse_tokens
-from gsdistill.data.labels import to_doclaynet
+from gsdistill.tuples.docbank import group_tokens, parse_tokens
+from gsdistill.tuples.labels import to_doclaynet
 
 
 def _tok(text, box, label):

@@ -6,11 +6,11 @@ import numpy as np
 from PIL import Image
 
 from gsdistill.config import load_config
-from gsdistill.data import build
-from gsdistill.data.build import build_shards
-from gsdistill.data.errors import SkipLog, reason_key
-from gsdistill.data.shard_writer import sample_key
-from gsdistill.data.shards import read_manifest, read_pages, write_shards
+from gsdistill.tuples import build
+from gsdistill.tuples.build import build_shards
+from gsdistill.tuples.errors import SkipLog, reason_key
+from gsdistill.tuples.shard_writer import sample_key
+from gsdistill.tuples.shards import read_manifest, read_pages, write_shards
 from test_data_bad_input import fake_ocr, text_pdf
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from PIL import Image
 
-import gsdistill.data.shards as shards
-from gsdistill.data.shard_split import batches_before, reader_page_count, reader_parts
-from gsdistill.data.shards import ShardDataset, read_pages, write_shards
+import gsdistill.tuples.shards as shards
+from gsdistill.tuples.shard_split import batches_before, reader_page_count, reader_parts
+from gsdistill.tuples.shards import ShardDataset, read_pages, write_shards
 
 
 def _page(i: int) -> dict:

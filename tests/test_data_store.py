@@ -8,11 +8,11 @@ import pytest
 import torch
 from PIL import Image
 
-from gsdistill.data import text_cache
-from gsdistill.data.errors import DataError, SkipLog
-from gsdistill.data.masking import block_mask, view_mask
-from gsdistill.data.shards import ShardDataset, read_manifest, read_pages, write_shards
-from gsdistill.data.views import IMAGENET_MEAN, IMAGENET_STD, MultiCropViews, collate_pretrain
+from gsdistill.tuples import text_cache
+from gsdistill.tuples.errors import DataError, SkipLog
+from gsdistill.views.masking import block_mask, view_mask
+from gsdistill.tuples.shards import ShardDataset, read_manifest, read_pages, write_shards
+from gsdistill.views.multicrop import IMAGENET_MEAN, IMAGENET_STD, MultiCropViews, collate_pretrain
 
 
 def _page(i: int, spans: int = 2) -> dict:

@@ -5,10 +5,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-import gsdistill.data.views as views_module
+import gsdistill.views.multicrop as views_module
 from gsdistill.config import load_config
-from gsdistill.data.shards import write_shards
-from gsdistill.data.views import MultiCropViews
+from gsdistill.tuples.shards import write_shards
+from gsdistill.views.multicrop import MultiCropViews
 
 
 def _page(i: int) -> dict:
@@ -19,7 +19,7 @@ def _page(i: int) -> dict:
 
 
 def test_color_jitter_blur_and_hflip_come_from_the_config(tmp_path, monkeypatch):
-    from gsdistill.train.data_stream import ShardBatches
+    from gsdistill.pretrain.data_stream import ShardBatches
     write_shards([_page(i) for i in range(4)], tmp_path, pages_per_shard=2, progress=False)
     seen = {}
 

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from gsdistill.config import load_config
-from gsdistill.demo import run_demo
+from gsdistill.detect.compare import markdown_table, summarize
+from gsdistill.pipelines.demo import run_demo
 
 
 @pytest.fixture(scope="module")
@@ -38,23 +39,31 @@ def test_report_has_every_section_with_numbers(demo_run):
 
 
 def test_results_are_sane(demo_run):
-    out, _ = demo_run
+    out, report = demo_run
     res = json.loads((out / "results.json").read_text())
     data = res["data"]
     assert data["train"]["pages"] == 24 and data["eval"]["pages"] == 12
     rows = res["detect"]["rows"]
     assert {r["backbone"] for r in rows} == {"pretrained", "random backbone"}
+    # the summary and the report's table are recomputed from the per-run rows
+    assert res["detect"]["summary"] == summarize(rows)
+    assert markdown_table(summarize(rows)) in report.read_text()
     for r in rows:
-        assert 0.0 <= r["map50_95"] <= r["map50"] <= 1.0 and r["optimizer_steps"] >= 1
-        assert 0 < r["trainable_params"] < r["total_params"]
+        # mAP@[50:95] averages AP over IoU 0.50..0.95, each <= AP@50: a swapped pair fails
+        assert r["map50_95"] <= r["map50"] and r["ul_map50_95"] <= r["ul_map50"]
+        assert r["optimizer_steps"] == rows[0]["optimizer_steps"] >= 1 and r["epochs"] == rows[0]["epochs"]
     # the two detectors share the head and differ only in the frozen backbone's weights
-    assert len({r["trainable_params"] for r in rows}) == 1
+    assert len({r["trainable_params"] for r in rows}) == 1 and len({r["total_params"] for r in rows}) == 1
+    assert rows[0]["trainable_params"] < rows[0]["total_params"]
     ret = res["retrieval"]["rows"]
     models = {r["model"] for r in ret}
     assert models == {"pretrained", "random backbone, heads trained", "random (untrained)"}
     for r in ret:
+        # Acc@1 is the share of per-page hits; the interval is a bootstrap of those same hits
+        assert len(r["hits"]) == r["n_pages"] and set(r["hits"]) <= {0.0, 1.0}
+        assert r["acc1"] == pytest.approx(sum(r["hits"]) / r["n_pages"], abs=1e-12)
         assert r["ci95"][0] <= r["acc1"] <= r["ci95"][1] and r["mrr"] >= r["acc1"]
-        assert r["chance"] == pytest.approx(1 / r["n_pages"])
+        assert r["chance"] == 1 / r["n_pages"]
     held = [r for r in ret if r["split"] == "held-out"]
     assert {r["n_pages"] for r in held} == {12} and {(r["head"], r["k"]) for r in held} == {
         ("geom", "all"), ("sem", 1), ("sem", 5), ("sem", 8)}
@@ -63,7 +72,7 @@ def test_results_are_sane(demo_run):
 
 def test_pretraining_logged_every_term_finite(demo_run):
     out, _ = demo_run
-    from gsdistill.train.metrics_log import read_metrics
+    from gsdistill.pretrain.metrics_log import read_metrics
     rows = read_metrics(out / "pretrain" / "metrics.csv")
     assert len(rows) >= 2
     for term in ("total", "sem", "geom", "distill", "ibot", "koleo"):
@@ -74,8 +83,8 @@ def test_pretraining_logged_every_term_finite(demo_run):
 def test_pdf_folder_is_split_by_document_and_bad_files_are_reported(shared_data, tmp_path):
     import shutil
 
-    from gsdistill.data.shards import read_manifest, read_pages
-    from gsdistill.demo_pdfs import build_pdf_split
+    from gsdistill.tuples.shards import read_manifest, read_pages
+    from gsdistill.pipelines.demo_pdfs import build_pdf_split
 
     pdfs = tmp_path / "pdfs"
     pdfs.mkdir()

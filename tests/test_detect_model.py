@@ -110,8 +110,8 @@ def test_detector_backbone_sees_the_pretraining_normalisation(backbone_dir):
     import albumentations as A
     import numpy as np
 
-    from gsdistill.data.synthetic import generate_pages
-    from gsdistill.data.views import IMAGENET_MEAN, IMAGENET_STD
+    from gsdistill.tuples.synthetic import generate_pages
+    from gsdistill.views.multicrop import IMAGENET_MEAN, IMAGENET_STD
 
     page = np.array(next(iter(generate_pages(1, seed=5, width=240, height=208)))["image"].convert("RGB"))
     x255 = torch.from_numpy(page).permute(2, 0, 1)[None].float() / 255  # what Ultralytics' preprocess gives

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gsdistill.config import load_config
-from gsdistill.data.synthetic import generate_pages
+from gsdistill.tuples.synthetic import generate_pages
 from gsdistill.detect.convert import pages_to_yolo
 from gsdistill.detect.pipeline import train_head, validate
 from gsdistill.models.backbone import create_backbone, save_backbone
@@ -94,12 +94,41 @@ def test_validate_reports_ultralytics_and_pycocotools(run):
     assert rep["imgsz"] == 128
     explicit = load_config("detect", "cpu_smoke", [f"project={run['root'] / 'val'}", "val.imgsz=96"])
     assert validate(run["dir"] / "weights/best.pt", run["data"], cfg=explicit)["imgsz"] == 96
-    for key in ("mAP50", "mAP50-95", "coco_mAP50", "coco_mAP50-95"):
-        assert 0.0 <= rep[key] <= 1.0
-    assert rep["mAP50-95"] <= rep["mAP50"] and rep["coco_mAP50-95"] <= rep["coco_mAP50"]
     present = [n for n, ap in rep["per_class"].items() if ap["AP50"] is not None]
     assert present and all("coco_AP50" in rep["per_class"][n] for n in present)
+    # Ultralytics' mAP is the mean of its per-class APs over the classes with ground truth
+    for key in ("AP50", "AP50-95"):
+        per_class = [rep["per_class"][n][key] for n in present]
+        assert rep["m" + key] == pytest.approx(sum(per_class) / len(per_class), abs=1e-9), key
+    # pycocotools numbers recomputed here from the saved predictions and the converter's sidecar
+    assert (rep["coco_mAP50"], rep["coco_mAP50-95"]) == pytest.approx(_cocoeval(rep["save_dir"], run["data"]), abs=1e-12)
     assert json.loads(Path(rep["save_dir"], "report.json").read_text())["mAP50"] == rep["mAP50"]
+
+
+def _cocoeval(save_dir: str, data_yaml: str) -> tuple[float, float]:
+    """(AP@50, AP@[50:95]) of ``save_dir/predictions.json`` with pycocotools, straight from the files."""
+    import contextlib
+    import io
+
+    import yaml
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+    side = json.loads((Path(data_yaml).parent / "coco_eval.json").read_text())["val"]
+    names = yaml.safe_load(Path(data_yaml).read_text())["names"]
+    names = list(names.values()) if isinstance(names, dict) else names
+    assert len(side["category_ids"]) == len(names)
+    dets = [{"image_id": side["image_ids"][Path(p["file_name"]).stem], "bbox": p["bbox"], "score": p["score"],
+             "category_id": side["category_ids"][p["category_id"] - 1]}
+            for p in json.loads(Path(save_dir, "predictions.json").read_text())]
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(side["coco_json"])
+        ev = COCOeval(gt, gt.loadRes([d for d in dets if d["category_id"] is not None]), "bbox")
+        ev.params.imgIds = sorted(side["image_ids"].values())
+        ev.params.catIds = sorted({c for c in side["category_ids"] if c is not None})
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    return float(ev.stats[1]), float(ev.stats[0])
 
 
 def test_predict_cli_on_png_and_pdf_in_a_new_process(run, tmp_path):

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from gsdistill.demo_learning import paired_gain
-from gsdistill.retrieval.head_retrieval import bootstrap_by_document, head_retrieval
+from gsdistill.pipelines.demo_learning import paired_gain
+from gsdistill.eval.head_retrieval import bootstrap_by_document, head_retrieval
 
 N = 6
 

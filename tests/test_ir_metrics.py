@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from gsdistill.retrieval import metrics
-from gsdistill.retrieval.index import search
+from gsdistill.eval import metrics
+from gsdistill.eval.index import search
 
 MEASURES = ["MRR@10", "MRR", "R@5", "R@20", "R@100", "R@1000", "nDCG@10", "nDCG", "Acc@1", "Acc@20", "Acc@100"]
 

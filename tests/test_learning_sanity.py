@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from gsdistill.config import load_config
-from gsdistill.data.shards import read_pages, write_shards
-from gsdistill.data.synthetic import generate_pages
-from gsdistill.data.text_cache import embed_shards
-from gsdistill.data.views import MultiCropViews, collate_pretrain
-from gsdistill.retrieval.head_retrieval import head_retrieval
-from gsdistill.train.checkpoint import load_pretrained
-from gsdistill.train.data_stream import FixedBatches
-from gsdistill.train.pretrain import run_pretraining
+from gsdistill.tuples.shards import read_pages, write_shards
+from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.text_cache import embed_shards
+from gsdistill.views.multicrop import MultiCropViews, collate_pretrain
+from gsdistill.eval.head_retrieval import head_retrieval
+from gsdistill.pretrain.checkpoint import load_pretrained
+from gsdistill.pretrain.data_stream import FixedBatches
+from gsdistill.pretrain.run import run_pretraining
 
 SIZE, PAGES = 64, 16
 # the demo's heads: per-span MPCL on the semantic head, the page's mean descriptor on the geometric one

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from gsdistill.retrieval import page_retrieval as pr
+from gsdistill.eval import page_retrieval as pr
 
 D = 16
 

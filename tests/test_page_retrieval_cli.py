@@ -12,7 +12,7 @@ from test_page_retrieval import FakeTextEncoder, _model_for, _pages
 
 @pytest.fixture
 def page_shards(tmp_path):
-    from gsdistill.data.shards import write_shards
+    from gsdistill.tuples.shards import write_shards
     pages = _pages(40)
     for p in pages:
         p["source"] = "test"
@@ -29,7 +29,7 @@ def _fake_run(run_dir, shards):
 def test_split_then_eval_two_models(page_shards, monkeypatch, capsys):
     pages, tmp = page_shards
     import gsdistill.models.text_encoder as te
-    import gsdistill.train.checkpoint as ckpt
+    import gsdistill.pretrain.checkpoint as ckpt
     models = {"sp": _model_for(pages, 2.0), "mpcl": _model_for(pages, 0.5)}
     monkeypatch.setattr(ckpt, "load_pretrained", lambda path, device="cpu": models[path.name])
     monkeypatch.setattr(te, "TextEncoder", lambda name=None, device="cpu": FakeTextEncoder())

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gsdistill.retrieval import page_report, splits
-from gsdistill.retrieval.page_retrieval import evaluate_page_retrieval
+from gsdistill.eval import page_report, splits
+from gsdistill.eval.page_retrieval import evaluate_page_retrieval
 from test_page_retrieval import FakeTextEncoder, _cfg, _model_for, _pages
 
 
@@ -57,7 +57,7 @@ def test_check_held_out_names_shared_documents():
 
 
 def test_split_shards_round_trip(tmp_path):
-    from gsdistill.data import shards
+    from gsdistill.tuples import shards
     pages = _pages(24)
     for p in pages:
         p["source"] = "test"

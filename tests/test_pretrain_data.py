@@ -5,9 +5,7 @@ import pytest
 import torch
 
 from gsdistill.config import load_config
-from gsdistill.train.metrics_log import read_metrics
-
-pytest.importorskip("gsdistill.data.views", reason="the data package (views/shards/text cache) is not installed")
+from gsdistill.pretrain.metrics_log import read_metrics
 
 TINY = ["model.backbone.depth=1", "model.backbone.img_size=32", "views.global_size=32", "views.local_size=16",
         "model.dino_out_dim=64", "model.dino_hidden_dim=32", "model.dino_bottleneck_dim=16", "model.proj_dim=32",
@@ -18,7 +16,7 @@ TINY = ["model.backbone.depth=1", "model.backbone.img_size=32", "views.global_si
 
 @pytest.fixture(scope="module")
 def synthetic_shards(tmp_path_factory):
-    from gsdistill.train.pretrain import prepare_synthetic
+    from gsdistill.pretrain.run import prepare_synthetic
     cfg = load_config("pretrain", None, TINY)
     return prepare_synthetic(cfg, tmp_path_factory.mktemp("pretrain_data") / "data"), cfg
 
@@ -28,7 +26,7 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def test_shard_stream_restores_position_across_epochs(synthetic_shards):
-    from gsdistill.train.data_stream import ShardBatches
+    from gsdistill.pretrain.data_stream import ShardBatches
     shard_dir, cfg = synthetic_shards
     stream = ShardBatches(str(shard_dir), cfg, 0, 1, 4, 16)
     batches = [next(stream) for _ in range(5)]  # 10 pages, 4 per batch: 2 per epoch, 3 epochs touched
@@ -43,15 +41,15 @@ def test_shard_stream_restores_position_across_epochs(synthetic_shards):
 
 
 def test_shard_stream_splits_pages_over_ranks(synthetic_shards):
-    from gsdistill.train.data_stream import ShardBatches
+    from gsdistill.pretrain.data_stream import ShardBatches
     shard_dir, cfg = synthetic_shards
     ids = [set(next(ShardBatches(str(shard_dir), cfg, r, 2, 2, 16))["ids"]) for r in (0, 1)]
     assert ids[0] and ids[1] and not ids[0] & ids[1]
 
 
 def test_pretraining_from_given_shards_end_to_end(tmp_path, synthetic_shards):
-    from gsdistill.train.checkpoint import load_pretrained
-    from gsdistill.train.pretrain import run_pretraining
+    from gsdistill.pretrain.checkpoint import load_pretrained
+    from gsdistill.pretrain.run import run_pretraining
     cfg = load_config("pretrain", None, TINY + [f"data.shards={synthetic_shards[0]}"])
     run_dir = run_pretraining(cfg, tmp_path)  # the fixture's text cache matches: reused, not rebuilt
     assert not (run_dir / "data").exists()

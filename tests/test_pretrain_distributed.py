@@ -10,9 +10,9 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from gsdistill.config import load_config
-from gsdistill.train.data_stream import FixedBatches, tensor_batch
-from gsdistill.train.metrics_log import read_metrics
-from gsdistill.train.pretrain import run_pretraining
+from gsdistill.pretrain.data_stream import FixedBatches, tensor_batch
+from gsdistill.pretrain.metrics_log import read_metrics
+from gsdistill.pretrain.run import run_pretraining
 
 # every global view masked unless a test sets views.mask_prob (the 2-process test does both)
 TINY = ["model.backbone.depth=1", "model.backbone.img_size=32", "views.global_size=32", "views.local_size=16",

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from gsdistill.config import configs_dir, load_config
 from gsdistill.models.gsdistill_model import GSDistill
 from gsdistill.models.vit_encoder import encode_views
-from gsdistill.train.data_stream import tensor_batch
+from gsdistill.pretrain.data_stream import tensor_batch
 
 TINY = ["model.backbone.depth=1", "model.backbone.img_size=32", "views.global_size=32", "views.local_size=16",
         "model.dino_out_dim=64", "model.dino_hidden_dim=32", "model.dino_bottleneck_dim=16", "model.proj_dim=32"]

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gsdistill.train.schedules import cosine_with_warmup, teacher_momentum
+from gsdistill.pretrain.schedules import cosine_with_warmup, teacher_momentum
 
 
 def test_warmup_is_linear_then_cosine_to_floor():

@@ -12,11 +12,11 @@ from safetensors.torch import load_file
 
 from gsdistill.config import load_config
 from gsdistill.models.backbone import load_backbone, read_backbone_meta
-from gsdistill.train import checkpoint
-from gsdistill.train.data_stream import FixedBatches, tensor_batch
-from gsdistill.train.loop import TrainingDiverged, TrainingInterrupted
-from gsdistill.train.metrics_log import read_metrics
-from gsdistill.train.pretrain import run_pretraining
+from gsdistill.pretrain import checkpoint
+from gsdistill.pretrain.data_stream import FixedBatches, tensor_batch
+from gsdistill.pretrain.loop import TrainingDiverged, TrainingInterrupted
+from gsdistill.pretrain.metrics_log import read_metrics
+from gsdistill.pretrain.run import run_pretraining
 
 TINY = ["model.backbone.depth=1", "model.backbone.img_size=32", "views.global_size=32", "views.local_size=16",
         "model.dino_out_dim=64", "model.dino_hidden_dim=32", "model.dino_bottleneck_dim=16", "model.proj_dim=32",

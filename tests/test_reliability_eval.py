@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import yaml
 
-from gsdistill.data.errors import DataError
-from gsdistill.data.shard_writer import write_shards
-from gsdistill.data.synthetic import generate_pages
-from gsdistill.data.text_cache import CachedEmbeddings
+from gsdistill.tuples.errors import DataError
+from gsdistill.tuples.shard_writer import write_shards
+from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.text_cache import CachedEmbeddings
 from gsdistill.errors import CorruptFileError, MissingFileError
 from gsdistill.models.backbone import create_backbone, load_backbone, save_backbone
-from gsdistill.retrieval import cli as eval_cli
+from gsdistill.eval import cli as eval_cli
+from gsdistill.pretrain import run_folder
 
 
 def _run(tmp_path: Path, shards: str | None = None) -> Path:
@@ -50,11 +51,11 @@ def test_relative_data_shards_resolve_against_the_run(tmp_path, pages, monkeypat
     (run / "shards").symlink_to(pages, target_is_directory=True)
     monkeypatch.chdir(tmp_path)  # the working directory has no ./shards
     model = run / "checkpoints" / "step-000004"
-    path, origin = eval_cli.pretrain_source(model, eval_cli.run_config(model))
+    path, origin = run_folder.pretrain_source(model, run_folder.run_config(model))
     assert path == run / "shards" and origin == f"data.shards='shards' of {model / 'config.yaml'}, relative to the run"
     gone = _run(tmp_path / "other", shards="missing")
     with pytest.raises(MissingFileError, match=r"data.shards='missing' of .*config.yaml: not found.*--allow-overlap"):
-        eval_cli.pretrain_source(gone, eval_cli.run_config(gone))
+        run_folder.pretrain_source(gone, run_folder.run_config(gone))
 
 
 def test_truncated_backbone_names_the_file(tmp_path):

@@ -9,11 +9,11 @@ from gsdistill.config import load_config
 from gsdistill.errors import CorruptFileError, InputError
 from gsdistill.losses import IBOTPatchLoss, sinkhorn_knopp
 from gsdistill.models.gsdistill_model import GSDistill
-from gsdistill.train import checkpoint
-from gsdistill.train.data_stream import FixedBatches, tensor_batch
-from gsdistill.train.loop import NonFiniteBatch, TrainingDiverged
-from gsdistill.train.metrics_log import read_metrics
-from gsdistill.train.pretrain import resume_config, run_pretraining
+from gsdistill.pretrain import checkpoint
+from gsdistill.pretrain.data_stream import FixedBatches, tensor_batch
+from gsdistill.pretrain.loop import NonFiniteBatch, TrainingDiverged
+from gsdistill.pretrain.metrics_log import read_metrics
+from gsdistill.pretrain.run import resume_config, run_pretraining
 
 TINY = ["model.backbone.depth=1", "model.backbone.img_size=32", "views.global_size=32", "views.local_size=16",
         "model.dino_out_dim=64", "model.dino_hidden_dim=32", "model.dino_bottleneck_dim=16", "model.proj_dim=32",

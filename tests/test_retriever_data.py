@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from gsdistill.retrievers.beir import load_beir, read_qrels
-from gsdistill.retrievers.dpr import load_dpr
-from gsdistill.retrievers.loading import load_retrieval_data, split_folds, train_test_queries
-from gsdistill.retrievers.noise import inject_label_noise
-from gsdistill.retrievers.tevatron import load_tevatron
+from gsdistill.retriever.beir import load_beir, read_qrels
+from gsdistill.retriever.dpr import load_dpr
+from gsdistill.retriever.loading import load_retrieval_data, split_folds, train_test_queries
+from gsdistill.retriever.noise import inject_label_noise
+from gsdistill.retriever.tevatron import load_tevatron
 from retriever_fixtures import tiny_beir, write_beir  # noqa: F401  (fixture)
 
 

@@ -10,11 +10,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gsdistill.losses import get_loss
-from gsdistill.retrievers.beir import load_beir
-from gsdistill.retrievers.groups import GroupSampler
-from gsdistill.retrievers.model import DualEncoder
-from gsdistill.retrievers.objective import loss_from_embeddings, step_inputs
-from gsdistill.retrievers.train import sync_gradients
+from gsdistill.retriever.beir import load_beir
+from gsdistill.retriever.groups import GroupSampler
+from gsdistill.retriever.model import DualEncoder
+from gsdistill.retriever.objective import loss_from_embeddings, step_inputs
+from gsdistill.retriever.train import sync_gradients
 from retriever_fixtures import tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
 
 

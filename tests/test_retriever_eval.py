@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from gsdistill.retrieval import metrics
-from gsdistill.retrievers.beir import load_beir
-from gsdistill.retrievers.cli import main
-from gsdistill.retrievers.evaluate import evaluate_retriever, read_trec_run
-from gsdistill.retrievers.model import DualEncoder
+from gsdistill.eval import metrics
+from gsdistill.retriever.beir import load_beir
+from gsdistill.retriever.cli import main
+from gsdistill.retriever.evaluate import evaluate_retriever, read_trec_run
+from gsdistill.retriever.model import DualEncoder
 from retriever_fixtures import tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
 
 

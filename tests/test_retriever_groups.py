@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gsdistill.retrievers.beir import load_beir
-from gsdistill.retrievers.groups import GroupSampler, batches, candidate_labels
+from gsdistill.retriever.beir import load_beir
+from gsdistill.retriever.groups import GroupSampler, batches, candidate_labels
 from retriever_fixtures import tiny_beir  # noqa: F401  (fixture)
 
 

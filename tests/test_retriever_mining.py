@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
-from gsdistill.retrievers.beir import load_beir
-from gsdistill.retrievers.groups import GroupSampler
-from gsdistill.retrievers.mining import (
+from gsdistill.retriever.beir import load_beir
+from gsdistill.retriever.groups import GroupSampler
+from gsdistill.retriever.mining import (
     bm25_rankings, cached_negatives, dense_rankings, interleave, mine_negatives, mining_key, select_negatives,
 )
-from gsdistill.retrievers.pipeline import train_and_evaluate
-from gsdistill.retrievers.train import RetrieverTrainer
+from gsdistill.retriever.pipeline import train_and_evaluate
+from gsdistill.retriever.train import RetrieverTrainer
 from retriever_fixtures import retriever_cfg, tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from gsdistill.retrievers.model import DualEncoder
+from gsdistill.retriever.model import DualEncoder
 from retriever_fixtures import tiny_encoder  # noqa: F401  (fixture)
 
 
@@ -22,7 +22,7 @@ def test_train_top_layers_freezes_everything_below(tiny_encoder, tmp_path):
 def test_interpolate_weights_blends_with_the_start(tiny_encoder):
     import torch
 
-    from gsdistill.retrievers.pipeline import interpolate_weights
+    from gsdistill.retriever.pipeline import interpolate_weights
 
     model = DualEncoder(tiny_encoder)
     start = {k: v.clone() for k, v in model.state_dict().items()}

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from gsdistill.losses import get_loss
-from gsdistill.retrievers.beir import load_beir
-from gsdistill.retrievers.groups import GroupSampler, candidate_labels
-from gsdistill.retrievers.objective import loss_from_embeddings, step_inputs
+from gsdistill.retriever.beir import load_beir
+from gsdistill.retriever.groups import GroupSampler, candidate_labels
+from gsdistill.retriever.objective import loss_from_embeddings, step_inputs
 from retriever_fixtures import tiny_beir  # noqa: F401  (fixture)
 
 BASELINES = ["sum_marg_lh", "nce", "gce", "agce", "aul", "label_smoothing", "els", "label_relaxation", "nce_agce",

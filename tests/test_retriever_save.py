@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from gsdistill.retrievers.cli import main
-from gsdistill.retrievers.model import DualEncoder
+from gsdistill.retriever.cli import main
+from gsdistill.retriever.model import DualEncoder
 from retriever_fixtures import QUERIES, TOPICS, tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
 
 PASSAGES = [t for texts in TOPICS.values() for t in texts]

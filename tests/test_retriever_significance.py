@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gsdistill.retrievers.significance import paired_bootstrap, paired_differences
+from gsdistill.retriever.significance import paired_bootstrap, paired_differences
 
 
 def test_paired_differences_average_seeds_per_query():

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from gsdistill.losses import get_loss, loss_kind
-from gsdistill.retrievers.beir import load_beir, read_qrels
-from gsdistill.retrievers.cli import main
-from gsdistill.retrievers.evaluate import score_run
-from gsdistill.retrievers.groups import GroupSampler
-from gsdistill.retrievers.objective import loss_from_embeddings, step_inputs
+from gsdistill.retriever.beir import load_beir, read_qrels
+from gsdistill.retriever.cli import main
+from gsdistill.retriever.evaluate import score_run
+from gsdistill.retriever.groups import GroupSampler
+from gsdistill.retriever.objective import loss_from_embeddings, step_inputs
 from retriever_fixtures import tiny_beir, tiny_encoder, write_beir  # noqa: F401  (fixtures)
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gsdistill.retrievers.pipeline import train_and_evaluate
-from gsdistill.retrievers.st_mnrl import SentenceTransformersMNRL
+from gsdistill.retriever.pipeline import train_and_evaluate
+from gsdistill.retriever.st_mnrl import SentenceTransformersMNRL
 from retriever_fixtures import retriever_cfg, tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
 
 

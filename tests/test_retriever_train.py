@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from gsdistill.losses import get_loss
-from gsdistill.retrievers.beir import load_beir
-from gsdistill.retrievers.model import DualEncoder
-from gsdistill.retrievers.objective import grad_cache_backward, loss_from_embeddings, step_inputs
-from gsdistill.retrievers.train import RetrieverTrainer, build_model
+from gsdistill.retriever.beir import load_beir
+from gsdistill.retriever.model import DualEncoder
+from gsdistill.retriever.objective import grad_cache_backward, loss_from_embeddings, step_inputs
+from gsdistill.retriever.train import RetrieverTrainer, build_model
 from retriever_fixtures import retriever_cfg, tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
 
 
@@ -88,7 +88,7 @@ def test_grad_cache_equals_full_batch_gradients(tiny_beir, tiny_encoder):
 
 
 def test_in_batch_off_restricts_each_query_to_its_group(tiny_beir):
-    from gsdistill.retrievers.groups import TrainGroup
+    from gsdistill.retriever.groups import TrainGroup
 
     data = load_beir(tiny_beir)
     ix = data.doc_index
@@ -118,7 +118,7 @@ def test_graded_loss_gets_grades_and_trains(tiny_beir, tiny_encoder, tmp_path):
     inputs = step_inputs(trainer.sampler.epoch_groups(0)[:2], data)
     q, p = torch.randn(2, 32), torch.randn(16, 32)
     got = loss_from_embeddings(get_loss("wasserstein"), "wasserstein", q, p, lambda x: x, inputs, data, data.qrels)
-    from gsdistill.retrievers.groups import candidate_labels
+    from gsdistill.retriever.groups import candidate_labels
     grades, valid = candidate_labels(inputs.qids, inputs.cand_idx, data)
     assert grades.max() == 2 and torch.allclose(got, get_loss("wasserstein")(q @ p.T, grades, valid))
     trainer.fit()

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from gsdistill.config import load_config
-from gsdistill.data.pdf import pdf_pages
-from gsdistill.data.shards import ShardDataset, write_shards
-from gsdistill.data.synthetic import generate_pages
-from gsdistill.data.views import MultiCropViews, collate_pretrain
+from gsdistill.tuples.pdf import pdf_pages
+from gsdistill.tuples.shards import ShardDataset, write_shards
+from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.views.multicrop import MultiCropViews, collate_pretrain
 
 
 class WithStandInEmbeddings:

@@ -4,7 +4,7 @@
         [--real /work/shared/data] [--no-real] [--cache /tmp/gsdistill-bench-descriptors]
 
 Per page set (synthetic pages; real pages: DocBank samples, PubLayNet examples, arXiv PDFs) and per
-format (every ``gsdistill.data.descriptors.FORMATS`` entry, plus ``box-encoder-init``: the learned
+format (every ``gsdistill.tuples.descriptors.FORMATS`` entry, plus ``box-encoder-init``: the learned
 box encoder of ``gsdistill.models.box_encoder`` at initialisation, seed 0) it prints:
 
 * ``within`` / ``between``: mean cosine of two descriptors of one page / of two different pages;
@@ -35,23 +35,23 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from gsdistill.data.descriptors import FORMATS, box_geometry, box_texts
+from gsdistill.tuples.descriptors import FORMATS, box_geometry, box_texts
 
 BOX_ENCODER = "box-encoder-init"
 
 
 def synthetic_pages(n: int, seed: int) -> list[dict]:
-    from gsdistill.data.synthetic import generate_pages
+    from gsdistill.tuples.synthetic import generate_pages
     return [_boxes_only(p) for p in generate_pages(n, seed=seed)]
 
 
 def real_pages(root: Path) -> list[dict]:
     """DocBank samples and arXiv PDFs through the project's builders; PubLayNet's COCO boxes mapped
     with its label table (its builder wants text cells or OCR for spans, which the bench needs not)."""
-    from gsdistill.data.coco import clip_box, read_coco
-    from gsdistill.data.docbank import docbank_pages
-    from gsdistill.data.labels import to_doclaynet
-    from gsdistill.data.pdf import pdf_pages
+    from gsdistill.tuples.coco import clip_box, read_coco
+    from gsdistill.tuples.docbank import docbank_pages
+    from gsdistill.tuples.labels import to_doclaynet
+    from gsdistill.tuples.pdf import pdf_pages
 
     pages = [_boxes_only(p) for p in docbank_pages(root / "docbank_samples")]
     for pdf in sorted((root / "arxiv_pdfs_docbank").glob("*.pdf")):
@@ -180,14 +180,14 @@ FIT_OVERRIDES = ["objective.distill=false", "objective.ibot=false", "objective.k
 def fit(fmt: str, n_train: int, n_heldout: int, steps: int, folder: Path) -> tuple[float, float]:
     """(training-page, held-out) geometric Acc@1 after fitting the geometric head on ``fmt``."""
     from gsdistill.config import load_config
-    from gsdistill.data.shards import read_pages, write_shards
-    from gsdistill.data.synthetic import generate_pages
-    from gsdistill.data.text_cache import embed_shards
-    from gsdistill.data.views import MultiCropViews, collate_pretrain
-    from gsdistill.retrieval.head_retrieval import head_retrieval
-    from gsdistill.train.checkpoint import load_pretrained
-    from gsdistill.train.data_stream import FixedBatches
-    from gsdistill.train.pretrain import run_pretraining
+    from gsdistill.tuples.shards import read_pages, write_shards
+    from gsdistill.tuples.synthetic import generate_pages
+    from gsdistill.tuples.text_cache import embed_shards
+    from gsdistill.views.multicrop import MultiCropViews, collate_pretrain
+    from gsdistill.eval.head_retrieval import head_retrieval
+    from gsdistill.pretrain.checkpoint import load_pretrained
+    from gsdistill.pretrain.data_stream import FixedBatches
+    from gsdistill.pretrain.run import run_pretraining
 
     sets = {}
     for name, seed, n in (("train", 3, n_train), ("heldout", 4, n_heldout)):

@@ -5,8 +5,8 @@
 
 DocBank labelled one page of each arXiv PDF in ``arxiv_pdfs_docbank`` (annotation ``<paper>_<N>.txt``
 = PDF page N + 1). Ground truth = DocBank's tokens of one label merged into regions
-(``gsdistill.data.docbank.group_tokens``) and mapped to DocLayNet classes; predictions =
-``gsdistill.data.pdf.page_regions`` on that PDF page. Page-header / Page-footer predictions are
+(``gsdistill.tuples.docbank.group_tokens``) and mapped to DocLayNet classes; predictions =
+``gsdistill.tuples.pdf.page_regions`` on that PDF page. Page-header / Page-footer predictions are
 not scored (DocBank has no such label). Matching: one-to-one per class, highest IoU first.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pymupdf
 
-from gsdistill.data.layout_eval import LayoutScores, docbank_pdf_pairs, docbank_truth
-from gsdistill.data.pdf import page_regions
+from gsdistill.tuples.layout_eval import LayoutScores, docbank_pdf_pairs, docbank_truth
+from gsdistill.tuples.pdf import page_regions
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -30,9 +30,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from gsdistill.config import load_config
 from gsdistill.models.gsdistill_model import GSDistill
 from gsdistill.models.vit_encoder import encode_views
-from gsdistill.train.data_stream import FixedBatches, tensor_batch
-from gsdistill.train.engine_torch import TorchEngine
-from gsdistill.train.loop import Trainer
+from gsdistill.pretrain.data_stream import FixedBatches, tensor_batch
+from gsdistill.pretrain.engine_torch import TorchEngine
+from gsdistill.pretrain.loop import Trainer
 
 MODELS = {
     "demo": (None, []),
@@ -116,8 +116,8 @@ def bench_model(name: str, steps: int, pages: int, run_root: Path, peak: float) 
 
 def bench_data(pages: int, run_root: Path) -> None:
     try:
-        from gsdistill.train.data_stream import ShardBatches
-        from gsdistill.train.pretrain import prepare_synthetic
+        from gsdistill.pretrain.data_stream import ShardBatches
+        from gsdistill.pretrain.run import prepare_synthetic
     except ImportError as e:
         print(f"\ndata pipeline: skipped ({e})")
         return

@@ -23,9 +23,9 @@ import torch
 from gsdistill.config import load_config
 from gsdistill.losses import get_loss
 from gsdistill.models.text_encoder import default_encoder_path
-from gsdistill.retrievers.beir import load_beir
-from gsdistill.retrievers.groups import GroupSampler, TrainGroup
-from gsdistill.retrievers.train import RetrieverTrainer
+from gsdistill.retriever.beir import load_beir
+from gsdistill.retriever.groups import GroupSampler, TrainGroup
+from gsdistill.retriever.train import RetrieverTrainer
 
 
 def triples(data, n: int) -> list[TrainGroup]:

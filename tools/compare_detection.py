@@ -36,15 +36,15 @@ def build_dataset(name: str, out: Path, args):
     if (out / "data.yaml").is_file():
         return out / "data.yaml"
     if name == "synthetic":
-        from gsdistill.data.synthetic import generate_pages
+        from gsdistill.tuples.synthetic import generate_pages
         pages = generate_pages(args.synthetic_pages, seed=0, width=512, height=640)
         return pages_to_yolo(pages, out, val_fraction=0.25, seed=0)
     if name == "publaynet":
-        from gsdistill.data.labels import PUBLAYNET_CLASSES
+        from gsdistill.tuples.labels import PUBLAYNET_CLASSES
         root = args.shared / "publaynet_examples"
         return coco_to_yolo(root / "samples.json", root / "images", out, PUBLAYNET_CLASSES, val_fraction=0.25, seed=0)
     if name == "docbank":
-        from gsdistill.data.docbank import docbank_pages
+        from gsdistill.tuples.docbank import docbank_pages
         return pages_to_yolo(docbank_pages(args.shared / "docbank_samples"), out, val_fraction=0.25, seed=0)
     raise ValueError(f"unknown data set '{name}' (synthetic, publaynet, docbank)")
 

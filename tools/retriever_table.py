@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 
 from gsdistill.config import load_config
-from gsdistill.retrievers.evaluate import encode_corpus, evaluate_retriever
-from gsdistill.retrievers.loading import load_retrieval_data, train_test_queries
-from gsdistill.retrievers.pipeline import train_and_evaluate
-from gsdistill.retrievers.significance import paired_bootstrap, paired_differences
-from gsdistill.retrievers.train import build_model
+from gsdistill.retriever.evaluate import encode_corpus, evaluate_retriever
+from gsdistill.retriever.loading import load_retrieval_data, train_test_queries
+from gsdistill.retriever.pipeline import train_and_evaluate
+from gsdistill.retriever.significance import paired_bootstrap, paired_differences
+from gsdistill.retriever.train import build_model
 
 NOISY = "noisy_sum_marg_lh"  # SumMargLH base with noise.ratio = 0.3
 ROWS = [  # (key, label, experiment file, extra overrides)

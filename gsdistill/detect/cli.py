@@ -20,7 +20,7 @@ CLASS_SETS = ("doclaynet", "publaynet")
 
 
 def _names(spec: str) -> list[str]:
-    from gsdistill.data.labels import DOCLAYNET_CLASSES, PUBLAYNET_CLASSES
+    from gsdistill.tuples.labels import DOCLAYNET_CLASSES, PUBLAYNET_CLASSES
     if spec == "doclaynet":
         return list(DOCLAYNET_CLASSES)
     if spec == "publaynet":
@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     src = c.add_mutually_exclusive_group(required=True)
     src.add_argument("--coco", help="a COCO layout json (with --images)")
     src.add_argument("--release", help="an official DocLayNet or PubLayNet release folder (with --dataset)")
-    src.add_argument("--synthetic", type=int, metavar="N", help="N synthetic pages (gsdistill.data.synthetic)")
+    src.add_argument("--synthetic", type=int, metavar="N", help="N synthetic pages (gsdistill.tuples.synthetic)")
     src.add_argument("--docbank", help="DocBank folder (token .txt + page images): tokens grouped into region boxes")
     src.add_argument("--shards", help="a page-tuple shard dir (gsdistill tuples build ...)")
     c.add_argument("--images", help="image folder of --coco")
@@ -77,17 +77,17 @@ def _parser() -> argparse.ArgumentParser:
 def _page_source(args):
     """Page tuples of --synthetic / --docbank / --shards (boxes already in DocLayNet classes)."""
     if args.docbank:
-        from gsdistill.data.docbank import docbank_pages
+        from gsdistill.tuples.docbank import docbank_pages
         return docbank_pages(args.docbank)
     if args.shards:
-        from gsdistill.data.shards import read_pages
+        from gsdistill.tuples.shards import read_pages
         return read_pages(args.shards, embeddings=False)
-    from gsdistill.data.synthetic import generate_pages
+    from gsdistill.tuples.synthetic import generate_pages
     return generate_pages(args.synthetic, seed=args.seed, width=args.size[0], height=args.size[1])
 
 
 def _convert(args) -> int:
-    from gsdistill.data.labels import PUBLAYNET_TO_DOCLAYNET
+    from gsdistill.tuples.labels import PUBLAYNET_TO_DOCLAYNET
     from gsdistill.detect import convert
 
     names = _names(args.names or ("doclaynet" if args.to_doclaynet or not args.dataset else args.dataset))

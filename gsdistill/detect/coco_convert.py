@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gsdistill.data.labels import DOCLAYNET_CLASSES, PUBLAYNET_CLASSES
+from gsdistill.tuples.labels import DOCLAYNET_CLASSES, PUBLAYNET_CLASSES
 from gsdistill.detect.convert import SPLITS, DatasetError, _class_index, _Writer, assign_splits, clip_box, yolo_line
 
 

@@ -1,6 +1,6 @@
 """Layout data -> the Ultralytics detection layout (images/<split>/, labels/<split>/, data YAML).
 
-Sources: page tuples (synthetic pages, DocBank region boxes, anything ``gsdistill.data`` builds;
+Sources: page tuples (synthetic pages, DocBank region boxes, anything ``gsdistill.tuples`` builds;
 here) and COCO layout jsons (DocLayNet and PubLayNet releases, any COCO detection file;
 :mod:`gsdistill.detect.coco_convert`, re-exported here).
 
@@ -24,7 +24,7 @@ from typing import Iterable
 
 import yaml
 
-from gsdistill.data.labels import DOCLAYNET_CLASSES
+from gsdistill.tuples.labels import DOCLAYNET_CLASSES
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 SPLITS = ("train", "val", "test")
 

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from gsdistill.losses.validation import check_like, check_scores
+from gsdistill.losses.validation import check_like, check_scores, checks_enabled
 
 
 class PositiveSet(NamedTuple):
@@ -109,8 +109,34 @@ def prepare_masks(name: str, scores: Tensor, positives: Tensor, valid: Tensor | 
     return Prepared(valid, pos, pset, n_valid, used)
 
 
+def prepare_dense(name: str, scores: Tensor, positives: Tensor, valid: Tensor | None,
+                  stats: dict | None) -> tuple[Tensor | None, Tensor, Tensor]:
+    """``(valid, positives & valid, used)`` without index lists: the host-sync-free inputs of the
+    dense paths that multi-positive losses take with checks off (same checks as ``prepare_masks``,
+    minus the value checks that ``checks_enabled`` turns off)."""
+    check_scores(name, scores)
+    if positives is None:
+        raise ValueError(f"{name}: positives mask is required")
+    positives = check_like(name, "positives", scores, positives, "bool")
+    valid = check_like(name, "valid", scores, valid, "bool")
+    pos = positives if valid is None else positives & valid
+    n_pos = pos.sum(dim=1)
+    used = n_pos > 0
+    if stats is not None:
+        n_valid = valid.sum(dim=1) if valid is not None else torch.full_like(n_pos, scores.shape[1])
+        fill_stats(stats, used, n_pos, n_valid - n_pos)
+    return valid, pos, used
+
+
 def fill_stats(stats: dict, used: Tensor, n_pos: Tensor, n_neg: Tensor) -> None:
-    """The counts every multi-positive / graded / noisy loss reports in ``last_stats``."""
+    """The counts every multi-positive / graded / noisy loss reports in ``last_stats``: Python
+    numbers, or 0-dim tensors with checks off (reading them is the reader's host sync)."""
+    if not checks_enabled():
+        n_used = used.sum()
+        stats.update(anchors_used=n_used, anchors_without_positive=used.numel() - n_used,
+                     anchors_without_negative=(used & (n_neg == 0)).sum(),
+                     mean_positives=torch.where(used, n_pos, 0).sum() / n_used.clamp(min=1))
+        return
     n_used = int(used.sum())
     stats.update(
         anchors_used=n_used,

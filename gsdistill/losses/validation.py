@@ -2,16 +2,54 @@
 
 Losses take tensors from upstream code; a wrong shape or a NaN must fail here with a message
 that names the loss and the problem, not deep inside autograd.
+
+Value checks (NaN/inf, negative grades, counts in ``last_stats``) read tensor values on the host:
+on a GPU each one waits for the device (a host sync). They are on by default, so a loss called by
+hand fails clearly; a training loop that has seen one good step turns them off with
+``set_checks(False)`` (or ``with checks(False): ...``) and watches the loss for divergence itself.
+With checks off the losses skip the value checks (shape and dtype checks cost nothing and stay),
+``last_stats`` holds 0-dim tensors instead of ints, and the pretraining losses (SumMargLH,
+JointLH, DINO, iBOT, KoLeo, Sinkhorn-Knopp with a logit bound) do no host sync at all
+(``gsdistill.losses.syncs`` counts them; ``tests/test_losses_syncs.py``).
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 from torch import Tensor
 
+_CHECKS = {"enabled": True}
+
+
+def set_checks(enabled: bool) -> None:
+    """Turn the value checks of every loss on (the default) or off (no host syncs; see module doc)."""
+    _CHECKS["enabled"] = bool(enabled)
+
+
+def checks_enabled() -> bool:
+    """Whether losses check values (NaN/inf, grades) and report ``last_stats`` as Python numbers."""
+    return _CHECKS["enabled"]
+
+
+@contextmanager
+def checks(enabled: bool) -> Iterator[None]:
+    """``with checks(False): ...`` -- value checks off (or on) inside the block, restored after."""
+    before = checks_enabled()
+    set_checks(enabled)
+    try:
+        yield
+    finally:
+        set_checks(before)
+
 
 def all_finite(x: Tensor) -> bool:
-    """True when no entry is NaN/inf. A NaN or inf entry makes the sum NaN/inf, so a finite sum
-    settles it in one cheap reduction; only a non-finite sum (maybe an overflow) needs the full test."""
+    """True when no entry is NaN/inf (always True with checks off: no host sync). A NaN or inf
+    entry makes the sum NaN/inf, so a finite sum settles it in one cheap reduction; only a
+    non-finite sum (maybe an overflow) needs the full test."""
+    if not checks_enabled():
+        return True
     if bool(torch.isfinite(x.detach().sum())):
         return True
     return bool(torch.isfinite(x).all())
@@ -66,8 +104,8 @@ def masked_log_softmax(x: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
 
 
 def mean_over(values: Tensor, used: Tensor, like: Tensor) -> Tensor:
-    """Mean of ``values[used]``; 0 (still attached to ``like``'s graph) when nothing is used."""
-    n_used = int(used.sum())
-    if n_used == 0:
-        return like.sum() * 0.0
-    return torch.where(used, values, torch.zeros_like(values)).sum() / n_used
+    """Mean of ``values[used]``; 0 (still attached to ``values``' graph, which hangs off ``like``)
+    when nothing is used. No host sync: the count stays a tensor, and unused entries (maybe
+    inf/NaN) are cut out by ``where``, gradient included."""
+    total = torch.where(used, values, torch.zeros_like(values)).sum()
+    return total / used.sum().clamp(min=1).to(total.dtype)

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gsdistill.data.descriptors import box_geometry
-from gsdistill.data.labels import CLASS_TO_ID, DOCLAYNET_CLASSES
+from gsdistill.tuples.descriptors import box_geometry
+from gsdistill.tuples.labels import CLASS_TO_ID, DOCLAYNET_CLASSES
 
 
 def fourier_features(coords: torch.Tensor, n_freq: int) -> torch.Tensor:

@@ -1,0 +1,109 @@
+"""``gsdistill eval``: crop-subsampled page retrieval and the document-level held-out split.
+
+    gsdistill eval retrieval --model RUN_DIR [--model RUN_DIR2 ...] [--label NAME ...]
+                             --pages SHARD_DIR [--config EXP.yaml] [--out DIR] [key=value ...]
+    gsdistill eval split SHARD_DIR --train-out DIR --eval-out DIR [--fraction 0.1] [--seed 0]
+
+``retrieval`` refuses pages whose documents are in a model's pretraining shards (checked against
+the run's resolved config) unless ``--allow-overlap`` is given.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from gsdistill.pretrain.run_folder import pretrain_source, run_config
+
+
+def _retrieval(args: argparse.Namespace) -> int:
+    from gsdistill.config import load_config, save_config
+    from gsdistill.tuples.shards import ShardDataset
+    from gsdistill.eval import splits
+    from gsdistill.eval.page_report import write_report
+    from gsdistill.models.text_encoder import TextEncoder
+    from gsdistill.eval.page_retrieval import CachedTextEncoder, evaluate_page_retrieval, resolve_device
+    from gsdistill.pretrain.checkpoint import load_pretrained
+
+    cfg = load_config("eval", args.config, args.overrides)
+    labels = args.label or [Path(m).name for m in args.model]
+    if len(labels) != len(args.model):
+        raise SystemExit(f"gsdistill eval retrieval: {len(args.model)} --model but {len(labels)} --label")
+    pages_dir = Path(args.pages)
+    if not pages_dir.exists():
+        print(f"gsdistill eval retrieval: pages folder not found: {pages_dir}", file=sys.stderr)
+        return 2
+    eval_docs = splits.document_ids(pages_dir) if not args.allow_overlap else set()
+    out_dir = Path(args.out or cfg.out_dir)
+    results, encoders = {}, {}
+    for label, model_dir in zip(labels, map(Path, args.model)):
+        run_cfg = run_config(model_dir)
+        if not args.allow_overlap:
+            train_shards, origin = pretrain_source(model_dir, run_cfg)
+            if train_shards is not None:
+                splits.check_held_out(eval_docs, splits.document_ids(train_shards),
+                                      f"{pages_dir} vs the pretraining data of {model_dir} ({origin})")
+        model_cfg = cfg.copy()
+        if model_cfg.retrieval.image_size is None:
+            model_cfg.retrieval.image_size = int((run_cfg.get("views") or {}).get("global_size") or 224)
+        print(f"[eval] {label}: {model_dir} on {pages_dir}", file=sys.stderr)
+        model = load_pretrained(model_dir)
+        name = getattr(model, "text_encoder_name", None)
+        if name not in encoders:  # one cached encoder per encoder name, shared by the models and runs
+            encoder = TextEncoder(name, device=resolve_device(cfg.retrieval.device))
+            file = f"{Path(str(getattr(encoder, 'name', None) or type(encoder).__name__)).name}.safetensors"
+            encoders[name] = CachedTextEncoder(encoder, Path(args.text_cache or out_dir / "text_cache") / file)
+        results[label] = evaluate_page_retrieval(model, ShardDataset(pages_dir), encoders[name], model_cfg)
+        encoders[name].save()
+        results[label]["model_dir"] = str(model_dir)
+    save_config(cfg, out_dir)
+    paths = write_report(results, out_dir)
+    print(paths["table"].read_text())
+    print(f"[eval] wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0
+
+
+def _split(args: argparse.Namespace) -> int:
+    from gsdistill.eval.splits import split_shards
+    record = split_shards(args.shards, args.train_out, args.eval_out, args.fraction, args.seed,
+                          args.pages_per_shard)
+    print(json.dumps({k: v for k, v in record.items() if not k.endswith("_docs")}, indent=2))
+    print(f"[split] {len(record['train_docs'])} pretraining / {len(record['eval_docs'])} held-out documents",
+          file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gsdistill eval", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("retrieval", help="crop-subsampled page retrieval (paper 003 Table 2)")
+    r.add_argument("--model", action="append", required=True, help="pretraining run or checkpoint dir (repeatable)")
+    r.add_argument("--label", action="append", help="name of each --model in the tables (default: dir name)")
+    r.add_argument("--pages", required=True, help="shard folder of held-out pages")
+    r.add_argument("--config", help="experiment file over configs/eval/default.yaml")
+    r.add_argument("--out", help="output folder (default: the config's out_dir)")
+    r.add_argument("--text-cache", help="folder of text-encoder caches reused across runs (default: OUT/text_cache)")
+    r.add_argument("--allow-overlap", action="store_true",
+                   help="skip the check that no page document was in the pretraining data")
+    r.add_argument("overrides", nargs="*", help="key=value overrides, e.g. retrieval.n_gallery=500")
+    r.set_defaults(func=_retrieval)
+    s = sub.add_parser("split", help="split a shard folder by document into pretraining / held-out")
+    s.add_argument("shards", help="input shard folder")
+    s.add_argument("--train-out", required=True)
+    s.add_argument("--eval-out", required=True)
+    s.add_argument("--fraction", type=float, default=0.1, help="share of documents held out")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--pages-per-shard", type=int, default=256)
+    s.set_defaults(func=_split)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"gsdistill eval {args.command}: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,83 @@
+"""Held-out splits by document: no source document has pages on both sides.
+
+Pages of one PDF share layout, fonts, running headers and vocabulary; a page-level split would let
+the retrieval evaluation score pages whose siblings were seen in pretraining (paper 003 §6.2 uses
+pages "not included in the pretraining dataset"). The split therefore assigns whole documents
+(``page["doc_id"]``): a seeded shuffle of the sorted document ids, the first ``eval_fraction`` of
+them (at least one, at most all but one) held out.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+
+def split_documents(doc_ids: Iterable[str], eval_fraction: float, seed: int = 0
+                    ) -> tuple[list[str], list[str]]:
+    """(pretraining docs, held-out docs), both sorted; deterministic for a seed."""
+    docs = sorted(set(map(str, doc_ids)))
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+    if len(docs) < 2:
+        raise ValueError(f"a document-level split needs at least 2 documents, got {len(docs)}")
+    order = np.random.default_rng(seed).permutation(len(docs))
+    n_eval = min(max(1, round(eval_fraction * len(docs))), len(docs) - 1)
+    held = {docs[i] for i in order[:n_eval]}
+    return [d for d in docs if d not in held], sorted(held)
+
+
+def page_doc_id(page: dict) -> str:
+    """The page's source document; a page without one is its own document."""
+    return str(page.get("doc_id") or page["id"])
+
+
+def document_ids(shard_dir: str | Path) -> set[str]:
+    """Every document id in a shard folder (images are never decoded)."""
+    from gsdistill.tuples.shards import ShardDataset
+    return {page_doc_id(p) for p in ShardDataset(shard_dir, decode_images=False)}
+
+
+def check_held_out(eval_doc_ids: Iterable[str], pretrain_doc_ids: Iterable[str], what: str = "") -> None:
+    """Raise ValueError naming the shared documents when the evaluation pages are not held out."""
+    shared = sorted(set(map(str, eval_doc_ids)) & set(map(str, pretrain_doc_ids)))
+    if shared:
+        listed = ", ".join(shared[:5]) + (f" and {len(shared) - 5} more" if len(shared) > 5 else "")
+        raise ValueError(f"{what or 'evaluation pages'}: {len(shared)} document(s) also in the "
+                         f"pretraining data ({listed}); split by document first (gsdistill eval split)")
+
+
+def split_shards(shard_dir: str | Path, train_dir: str | Path, eval_dir: str | Path,
+                 eval_fraction: float = 0.1, seed: int = 0, pages_per_shard: int = 256) -> dict:
+    """Copy a shard folder into a pretraining part and a held-out part, split by document.
+
+    Two passes over the input (document ids, then pages); both outputs get their own manifest,
+    and ``eval_dir/split.json`` records the seed, fraction and both document lists.
+    """
+    from gsdistill.tuples.shards import ShardDataset, write_shards
+    train_docs, eval_docs = split_documents(document_ids(shard_dir), eval_fraction, seed)
+    held = set(eval_docs)
+
+    def side(keep_held: bool):
+        for page in ShardDataset(shard_dir):
+            if (page_doc_id(page) in held) == keep_held:
+                yield page
+
+    train_manifest = write_shards(side(False), train_dir, pages_per_shard=pages_per_shard)
+    eval_manifest = write_shards(side(True), eval_dir, pages_per_shard=pages_per_shard)
+    record = {"source": str(shard_dir), "seed": seed, "eval_fraction": eval_fraction,
+              "train_dir": str(train_dir), "eval_dir": str(eval_dir),
+              "train_docs": train_docs, "eval_docs": eval_docs,
+              "train_pages": _count(train_manifest), "eval_pages": _count(eval_manifest)}
+    for out in (train_dir, eval_dir):
+        (Path(out) / "split.json").write_text(json.dumps(record, indent=2))
+    return record
+
+
+def _count(manifest: dict) -> int | None:
+    for key in ("n_pages", "pages", "num_pages", "count"):
+        if isinstance(manifest.get(key), int):
+            return manifest[key]
+    return None

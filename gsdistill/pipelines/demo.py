@@ -1,0 +1,158 @@
+"""``gsdistill demo``: the whole mission in one path, with the controls that show it learned.
+
+tuples -> text-embedding cache -> GSDistill pretraining -> the same run with the backbone frozen at
+random (the control) -> head-only YOLOv10 on the pretrained and on a random backbone, and a stock
+YOLOv10n, same budget, several seeds, held-out pages -> page retrieval from each page's own texts
+through both heads (held-out and training pages, document-level bootstrap) -> ``<out_dir>/report.md``.
+Each stage is the library call its own sub-command makes; the demo only wires them together
+(config: ``configs/demo/default.yaml``).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from gsdistill.config import load_config, save_config
+
+STAGES = ["tuples", "embed", "pretrain", "control", "detect", "retrieval", "report"]
+PRETRAINED, CONTROL, UNTRAINED = "pretrained", "random backbone, heads trained", "random (untrained)"
+
+
+def build_tuples(cfg, out: Path) -> tuple[Path, Path, dict]:
+    """Train and held-out shard dirs (disjoint documents) and what was skipped on the way."""
+    from gsdistill.tuples.shards import write_shards
+    from gsdistill.tuples.synthetic import generate_pages
+
+    d, train_dir, eval_dir = cfg.data, out / "data" / "train", out / "data" / "eval"
+    if cfg.pdfs:
+        from gsdistill.pipelines.demo_pdfs import build_pdf_split
+        info = build_pdf_split(Path(cfg.pdfs), out / "data", int(d.pdf_dpi), int(d.max_pdf_pages),
+                               int(d.pages_per_pdf), float(d.eval_fraction), int(cfg.seed))
+        return train_dir, eval_dir, info
+    w, h = int(d.page_width), int(d.page_height)
+    # held-out pages come from another synthetic set (another seed): no document is in both
+    ts = float(d.text_scale)
+    train = write_shards(generate_pages(int(d.train_pages), seed=int(cfg.seed), width=w, height=h, text_scale=ts),
+                         train_dir, total=int(d.train_pages))
+    held = write_shards(generate_pages(int(d.eval_pages), seed=int(cfg.seed) + 1000, width=w, height=h,
+                                       text_scale=ts),
+                        eval_dir, total=int(d.eval_pages))
+    return train_dir, eval_dir, {"train": _manifest_summary(train), "eval": _manifest_summary(held)}
+
+
+def _manifest_summary(m: dict) -> dict:
+    return {k: m[k] for k in ("pages", "documents", "spans", "boxes_per_class", "skipped_count", "skip_reasons")}
+
+
+def pretrain_config(cfg, train_dir: Path, *extra: str):
+    return load_config("pretrain", cfg.pretrain_experiment, [*cfg.pretrain, f"data.shards={train_dir}", f"train.seed={cfg.seed}", *extra])
+
+
+def pretrain(cfg, train_dir: Path, out: Path, name: str = "pretrain", *extra: str) -> Path:
+    from gsdistill.pretrain.run import run_pretraining
+    return run_pretraining(pretrain_config(cfg, train_dir, *extra), run_dir=out / name)
+
+
+def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> dict:
+    """Head-only detection on the pretrained and a random backbone plus stock YOLOv10n, same budget,
+    ``detect_seeds``; trained on pretraining pages, scored on held-out pages (pycocotools)."""
+    from gsdistill.tuples.shards import read_pages
+    from gsdistill.detect.compare import compare_backbones, summarize
+    from gsdistill.detect.convert import pages_to_yolo
+    from gsdistill.detect.predict import predict
+
+    n_train = int(cfg.data.detect_train_pages)
+    pages = itertools.chain(itertools.islice(read_pages(train_dir), n_train), read_pages(eval_dir))
+    held = {p["doc_id"] for p in read_pages(eval_dir, decode_images=False)}
+    data_yaml = pages_to_yolo(pages, out / "detect" / "data", val_docs=held)
+    dcfg = load_config("detect", "compare", [*cfg.detect])
+    rows = compare_backbones(data_yaml, {PRETRAINED: backbone, "random backbone": None}, seeds=list(cfg.detect_seeds),
+                             cfg=dcfg, out_dir=out / "detect")
+    if cfg.detect_reference:  # the reference column: fewer seeds, it only sets the scale
+        rows += compare_backbones(data_yaml, {f"{cfg.detect_reference} (stock, all layers trained)": str(cfg.detect_reference)},
+                                  seeds=list(cfg.detect_reference_seeds), cfg=dcfg, out_dir=out / "detect" / "reference")
+    pages_dir = out / "detect" / "heldout_pages"
+    pages_dir.mkdir(parents=True, exist_ok=True)
+    for i, page in zip(range(int(cfg.predict_pages)), read_pages(eval_dir)):
+        page["image"].convert("RGB").save(pages_dir / f"page{i}.png")
+    first = next(r for r in rows if r["backbone"] == PRETRAINED)
+    pcfg = dcfg.copy()
+    pcfg.predict.conf = float(cfg.predict_conf)
+    drawn = predict(Path(first["run_dir"]) / "weights" / "last.pt", pages_dir, out / "detect" / "predictions", pcfg)
+    return {"rows": rows, "summary": summarize(rows), "data_yaml": str(data_yaml), "predict_conf": float(cfg.predict_conf),
+            "predictions": [str(p.with_suffix(".png")) for p in drawn]}
+
+
+def retrieval(cfg, run_dir: Path, control_dir: Path | None, train_dir: Path, eval_dir: Path) -> dict:
+    """Both heads, three models, training and held-out pages (``gsdistill.pipelines.demo_learning``)."""
+    from gsdistill.tuples.shards import read_pages
+    from gsdistill.pipelines.demo_learning import measure, untrained_model
+    from gsdistill.pretrain.checkpoint import load_pretrained
+
+    models = {PRETRAINED: load_pretrained(run_dir)}
+    if control_dir is not None:
+        models[CONTROL] = load_pretrained(control_dir)
+    models[UNTRAINED] = untrained_model(run_dir, int(cfg.seed) + 1)
+    splits = {"held-out": list(read_pages(eval_dir)),
+              "training": list(itertools.islice(read_pages(train_dir), int(cfg.data.retrieval_train_pages)))}
+    size = int(load_config("pretrain", run_dir / "config.yaml").views.global_size)
+    rows = measure(models, splits, size, seed=int(cfg.seed))
+    docs = {s: [str(p.get("doc_id") or p["id"]) for p in pages] for s, pages in splits.items()}
+    return {"rows": rows, "image_size": size, "doc_ids": docs}
+
+
+def run_demo(cfg) -> Path:
+    """Run every stage; return the report path. Each stage's output stays in ``out_dir``."""
+    from gsdistill.tuples.text_cache import embed_shards
+    from gsdistill.pipelines.demo_report import write_demo_report
+
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out)
+    times, info, control_dir = {}, {}, None
+    bar = tqdm(STAGES, desc="demo", unit="stage", position=0)
+    for stage in bar:
+        bar.set_postfix_str(stage)
+        t0 = time.time()
+        if stage == "tuples":
+            train_dir, eval_dir, info["data"] = build_tuples(cfg, out)
+        elif stage == "embed":  # in the descriptor format pretraining uses (its cache key)
+            fmt = pretrain_config(cfg, train_dir).data.descriptor_format
+            for d in (train_dir, eval_dir):
+                embed_shards(d, descriptor_format=fmt)
+        elif stage == "pretrain":
+            run_dir = pretrain(cfg, train_dir, out)
+        elif stage == "control":
+            if cfg.control:
+                control_dir = pretrain(cfg, train_dir, out, "control", "model.freeze_backbone=true")
+        elif stage == "detect":
+            info["detect"] = detect(cfg, train_dir, eval_dir, run_dir / "backbone", out)
+        elif stage == "retrieval":
+            info["retrieval"] = retrieval(cfg, run_dir, control_dir, train_dir, eval_dir)
+        else:
+            times[stage] = time.time() - t0
+            (out / "results.json").write_text(json.dumps({"times_s": times, **info}, indent=1, default=str))
+            return write_demo_report(cfg, out, run_dir, control_dir, info, times)
+        times[stage] = time.time() - t0
+    raise AssertionError("unreachable: the report stage returns")
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="gsdistill demo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pdfs", help="folder of PDFs to use instead of the synthetic pages")
+    p.add_argument("--size", default=None, help="experiment file of configs/demo/ (smoke, gpu)")
+    p.add_argument("--out", help="output folder (default runs/demo)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of configs/demo/default.yaml")
+    args = p.parse_args(argv)
+    extra = [f"pdfs={args.pdfs}"] if args.pdfs else []
+    extra += [f"out_dir={args.out}"] if args.out else []
+    cfg = load_config("demo", args.size, [*args.overrides, *extra])
+    report = run_demo(cfg)
+    print(f"report: {report}")
+    return 0

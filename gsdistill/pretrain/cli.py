@@ -1,0 +1,43 @@
+"""``gsdistill pretrain [CONFIG] [key=value ...]``: pretrain with the GSDistill objective.
+
+CONFIG is an experiment file (a path, or a name in configs/pretrain/, e.g. ``mpcl_dual``); with
+none, the defaults pretrain a tiny ViT on synthetic pages. ``train.resume=RUN_DIR`` continues a run
+from its checkpoint's own config; CONFIG and key=value overrides apply on top (the run lists them). Multi-process: launch the same command
+with ``torchrun --nproc_per_node N -m gsdistill.cli pretrain ...`` (or ``deepspeed``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gsdistill pretrain", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("items", nargs="*", metavar="CONFIG|key=value",
+                        help="optional experiment config first, then key=value overrides")
+    parser.add_argument("--run-dir", default=None, help="exact run folder (default: train.run_dir/<timestamp>)")
+    # the deepspeed launcher appends --local_rank=N; the rank is read from LOCAL_RANK instead
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_intermixed_args(argv)  # options may come between the key=value items
+    overrides = [a for a in args.items if "=" in a]
+    configs = [a for a in args.items if "=" not in a]
+    if len(configs) > 1:
+        parser.error(f"one experiment config at most, got {configs}")
+
+    from gsdistill.pretrain.loop import TrainingDiverged, TrainingInterrupted
+    from gsdistill.pretrain.run import resume_config, run_pretraining
+    # on resume: the checkpoint's own config, the experiment file and the overrides on top (the
+    # changes are listed when the run starts); project errors are handled by gsdistill.cli
+    cfg, _, _ = resume_config(configs[0] if configs else None, overrides)
+    try:
+        run_dir = run_pretraining(cfg, args.run_dir)
+    except TrainingDiverged as e:
+        print(f"gsdistill pretrain: {e}", file=sys.stderr)
+        return 1
+    except TrainingInterrupted as e:
+        print(f"gsdistill pretrain: {e}", file=sys.stderr)
+        return 130
+    print(f"run dir: {run_dir}")
+    return 0

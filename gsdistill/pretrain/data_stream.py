@@ -1,0 +1,140 @@
+"""Batches for the training loop, with a resumable position ``{"epoch", "batch"}``.
+
+:class:`ShardBatches` streams page tuples from a shard dir (split by rank), applies the multi-crop
+views and collates them; epoch ``e`` uses seeds derived from ``(seed, e)``, so the stream is a pure
+function of its position and resuming skips the epoch's first batches without augmenting them.
+:class:`FixedBatches` cycles over prepared global batches, each rank taking its slice of pages
+(tests and benchmarks: the same global batch on 1 or N processes).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from gsdistill.tuples.errors import DataError
+
+
+def slice_batch(batch: dict, rank: int, world: int) -> dict:
+    """This rank's pages of a view-major global batch (``[v0 pages, v1 pages, ...]`` per view tensor)."""
+    n_pages = len(batch["ids"])
+    if n_pages % world:
+        raise ValueError(f"global batch of {n_pages} pages does not split over {world} ranks")
+    per = n_pages // world
+    lo, hi = rank * per, (rank + 1) * per
+    out = {}
+    for key, value in batch.items():
+        if key == "ids":
+            out[key] = value[lo:hi]
+        elif isinstance(value, torch.Tensor) and key in ("global_crops", "local_crops", "masks"):
+            views = value.shape[0] // n_pages
+            out[key] = value.reshape(views, n_pages, *value.shape[1:])[:, lo:hi].reshape(views * per, *value.shape[1:])
+        elif isinstance(value, torch.Tensor):
+            out[key] = value[lo:hi]
+        else:
+            out[key] = value
+    return out
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+class FixedBatches:
+    """Cycle over ``global_batches`` (collated dicts); position = index of the next batch."""
+
+    def __init__(self, global_batches: list[dict], rank: int = 0, world: int = 1):
+        if not global_batches:
+            raise ValueError("FixedBatches needs at least one batch")
+        self.batches = [slice_batch(b, rank, world) for b in global_batches]
+        self.position = {"epoch": 0, "batch": 0}
+
+    def restore(self, position: dict) -> None:
+        self.position = dict(position)
+
+    def __next__(self) -> dict:
+        i = self.position["batch"]
+        self.position = {"epoch": 0, "batch": i + 1}
+        return self.batches[i % len(self.batches)]
+
+    def __iter__(self) -> Iterator[dict]:
+        return self
+
+
+class ShardBatches:
+    """Endless, resumable stream of collated pretraining batches from a shard dir with cached text embeddings."""
+
+    def __init__(self, shard_dir: str, cfg, rank: int, world: int, local_batch: int, patch_size: int):
+        self.shard_dir, self.cfg, self.rank, self.world = shard_dir, cfg, rank, world
+        self.local_batch, self.patch_size = local_batch, patch_size
+        self.seed = int(cfg["train"]["seed"])
+        self.position = {"epoch": 0, "batch": 0}
+        self._it: Iterator[dict] | None = None
+
+    def _epoch_iterator(self, epoch: int, skip_batches: int = 0) -> Iterator[dict]:
+        from torch.utils.data import DataLoader
+
+        from gsdistill.tuples.shards import ShardDataset
+        from gsdistill.views.multicrop import MultiCropViews, collate_pretrain
+
+        v, d = self.cfg["views"], self.cfg["data"]
+        views = MultiCropViews(
+            global_size=int(v["global_size"]), local_size=int(v["local_size"]), n_global=int(v["n_global"]),
+            n_local=int(v["n_local"]), global_scale=tuple(v["global_scale"]), local_scale=tuple(v["local_scale"]),
+            patch_size=self.patch_size, mask_prob=float(v["mask_prob"]), mask_ratio=tuple(v["mask_ratio"]),
+            max_spans=int(v["max_spans"]), hflip=bool(v["hflip"]), color_jitter=float(v["color_jitter"]),
+            blur_prob=float(v["blur_prob"]), seed=self.seed * 100003 + epoch * 1009 + self.rank)
+        dataset = ShardDataset(self.shard_dir, shuffle_buffer=int(d["shuffle_buffer"]), seed=self.seed,
+                               rank=self.rank, world_size=self.world, transform=views)
+        dataset.set_epoch(epoch)
+        dataset.skip_batches(skip_batches, self.local_batch)  # skipped pages are neither decoded nor augmented
+        loader = DataLoader(dataset, batch_size=self.local_batch, collate_fn=collate_pretrain, drop_last=True,
+                            num_workers=int(d["num_workers"]))
+        return iter(loader)
+
+    def restore(self, position: dict) -> None:
+        """Rebuild the stream at ``position`` (the dataset skips the epoch's first batches unaugmented)."""
+        self.position = {"epoch": int(position["epoch"]), "batch": int(position["batch"])}
+        self._it = self._epoch_iterator(self.position["epoch"], skip_batches=self.position["batch"])
+
+    def __next__(self) -> dict:
+        if self._it is None:
+            self._it = self._epoch_iterator(self.position["epoch"])
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            if self.position["batch"] == 0:
+                raise DataError(f"{self.shard_dir}: rank {self.rank} of {self.world} got no complete batch of "
+                                 f"{self.local_batch} pages in an epoch; use more pages or a smaller batch") from None
+            self.position = {"epoch": self.position["epoch"] + 1, "batch": 0}
+            self._it = self._epoch_iterator(self.position["epoch"])
+            batch = next(self._it)
+        self.position["batch"] += 1
+        return batch
+
+    def __iter__(self) -> Iterator[dict]:
+        return self
+
+
+def tensor_batch(cfg, n_pages: int, seed: int = 0, n_texts: int = 6, patch_size: int = 16) -> dict:
+    """A ``collate_pretrain``-shaped batch of random tensors (benchmarks, engine tests): normalised
+    image noise, random unit text embeddings, padded span lists, iBOT masks on ``views.mask_prob``
+    of the global views."""
+    v, text_dim = cfg["views"], int(cfg["model"]["text_dim"])
+    g = torch.Generator().manual_seed(seed)
+    ng, nl, gs, ls = int(v["n_global"]), int(v["n_local"]), int(v["global_size"]), int(v["local_size"])
+    grid = (gs // patch_size) ** 2
+    masked_views = torch.rand(ng * n_pages, 1, generator=g) < float(v["mask_prob"])
+    masks = (torch.rand(ng * n_pages, grid, generator=g) < float(v["mask_ratio"][1])) & masked_views
+
+    def unit(*shape):
+        return torch.nn.functional.normalize(torch.randn(*shape, generator=g), dim=-1)
+
+    sem_valid = torch.arange(n_texts)[None, :] < torch.randint(1, n_texts + 1, (n_pages, 1), generator=g)
+    geom_valid = torch.arange(n_texts)[None, :] < torch.randint(1, n_texts + 1, (n_pages, 1), generator=g)
+    return {"global_crops": torch.randn(ng * n_pages, 3, gs, gs, generator=g),
+            "local_crops": torch.randn(nl * n_pages, 3, ls, ls, generator=g), "masks": masks,
+            "sem_emb": unit(n_pages, n_texts, text_dim), "sem_valid": sem_valid,
+            "geom_emb": unit(n_pages, n_texts, text_dim), "geom_valid": geom_valid,
+            "sp_sem_emb": unit(n_pages, text_dim), "sp_geom_emb": unit(n_pages, text_dim),
+            "sp_joint_emb": unit(n_pages, text_dim), "ids": [f"page-{seed}-{i}" for i in range(n_pages)]}

@@ -1,0 +1,31 @@
+"""``gsdistill export RUN_DIR OUT_DIR``: the pretrained student backbone as safetensors + json.
+
+RUN_DIR may be a run dir (its latest checkpoint is used) or one checkpoint folder; a damaged
+checkpoint is an error naming the file and the newest intact checkpoint before it. OUT_DIR is
+loadable with ``gsdistill.models.backbone.load_backbone`` and buildable by ``timm.create_model``.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gsdistill export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", help="pretraining run dir or checkpoint folder")
+    parser.add_argument("out_dir", help="folder to write backbone.safetensors + backbone.json into")
+    args = parser.parse_args(argv)
+
+    from gsdistill.errors import GsdistillError
+    from gsdistill.pretrain import checkpoint
+    from gsdistill.pretrain.run import export_backbone
+    ckpt = checkpoint.resolve_checkpoint(args.run_dir)
+    try:  # a damaged checkpoint is named, with the intact one to export instead (never silently)
+        checkpoint.verify(ckpt)
+    except GsdistillError as e:
+        raise type(e)(f"{e}{checkpoint.intact_hint(ckpt)}") from None
+    cfg = checkpoint.read_config(ckpt)
+    out = export_backbone(checkpoint.read_model(ckpt), cfg, Path(args.out_dir), source=str(ckpt))
+    print(f"exported {ckpt} -> {out}")
+    return 0

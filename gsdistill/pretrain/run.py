@@ -1,0 +1,185 @@
+"""``run_pretraining(cfg)``: data -> GSDistill model -> engine -> loop -> checkpoints -> backbone export.
+
+Data come from ``cfg.data.shards`` (a shard dir with cached text embeddings); when it is empty,
+synthetic pages are generated, written as shards and embedded into ``RUN_DIR/data`` first (the
+embedded default: no download, runs anywhere).
+
+Resuming (``train.resume``) continues the run in its own folder; the run's ``config.yaml`` is
+written only once the checkpoint has loaded, so a failed resume leaves it as it was. The CLI
+builds the resumed config from the checkpoint's own (:func:`resume_config`).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from gsdistill.config import load_config, save_config
+from gsdistill.errors import InputError, MissingFileError
+from gsdistill.models.backbone import create_backbone, save_backbone
+from gsdistill.pretrain import checkpoint
+from gsdistill.pretrain.distributed import setup
+from gsdistill.pretrain.loop import Trainer
+
+# per-invocation keys: never carried over from the resumed checkpoint, never reported as changes
+_NOT_CARRIED = ("train.resume", "train.stop_after")
+
+
+def _flat(cfg, prefix: str = "") -> dict:
+    tree = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_changes(before, after) -> list[str]:
+    """``key: old -> new`` for every value that differs between two resolved configs."""
+    a, b = _flat(before), _flat(after)
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and k not in _NOT_CARRIED]
+
+
+def resume_config(experiment, overrides: list[str]):
+    """The config of ``gsdistill pretrain [EXP] train.resume=X ...``: the resumed checkpoint's own
+    resolved config, then EXP and the overrides on top (``train.stop_after`` is not carried over).
+    Returns ``(cfg, checkpoint folder, changes)``; the config of a run without resume is returned as
+    loaded, with ``None`` and no changes."""
+    cfg = load_config("pretrain", experiment, overrides)
+    if not cfg["train"]["resume"]:
+        return cfg, None, []
+    ckpt, _ = checkpoint.find_resumable(cfg["train"]["resume"])
+    saved = checkpoint.read_config(ckpt)
+    cfg = load_config("pretrain", experiment, ["train.stop_after=null", *overrides], base=ckpt / "config.yaml")
+    return cfg, ckpt, config_changes(saved, cfg)
+
+
+def _broadcast_str(value: str) -> str:
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def resolve_run_dir(cfg, run_dir: Path | None, resumed: Path | None = None) -> Path:
+    """``run_dir`` if given; the resumed run's folder on resume; else a new timestamped folder."""
+    if run_dir is not None:
+        return Path(run_dir)
+    if cfg["train"]["resume"]:
+        ckpt = resumed or checkpoint.find_resumable(cfg["train"]["resume"])[0]
+        return ckpt.parent.parent
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(_broadcast_str(str(Path(cfg["train"]["run_dir"]) / stamp)))
+
+
+def prepare_synthetic(cfg, out_dir: Path) -> Path:
+    """Generate, shard and embed ``data.synthetic_pages`` synthetic pages (once per run dir)."""
+    from gsdistill.tuples.shards import write_shards
+    from gsdistill.tuples.synthetic import generate_pages
+
+    d = cfg["data"]
+    if not (out_dir / "manifest.json").is_file():
+        pages = generate_pages(int(d["synthetic_pages"]), seed=int(d["synthetic_seed"]),
+                               width=int(d["page_width"]), height=int(d["page_height"]),
+                               text_scale=float(d["text_scale"]))
+        write_shards(pages, out_dir)
+    return embed_cached(cfg, out_dir)
+
+
+def embed_cached(cfg, shard_dir: Path) -> Path:
+    """Shard dir with the frozen text encoder's embeddings of every span and box descriptor."""
+    from gsdistill.tuples.text_cache import embed_shards
+
+    if not (Path(shard_dir) / "manifest.json").is_file():
+        raise MissingFileError(f"data.shards={shard_dir}: no manifest.json; build shards with 'gsdistill tuples'")
+    return Path(embed_shards(shard_dir, encoder=str(cfg["model"]["text_encoder"]),
+                             batch_size=int(cfg["data"]["embed_batch_size"]),
+                             descriptor_format=str(cfg["data"]["descriptor_format"])))
+
+
+def export_backbone(model_state: dict[str, torch.Tensor], cfg, out_dir: Path, source: str = "") -> Path:
+    """Write the student backbone of a GSDistill state dict in the ``save_backbone`` format."""
+    bcfg = dict(cfg["model"]["backbone"])
+    backbone = create_backbone(bcfg)
+    state = {k[len("backbone."):]: v for k, v in model_state.items() if k.startswith("backbone.")}
+    checkpoint.load_model_state(backbone, state, Path(source or "model state"))
+    return save_backbone(backbone, bcfg, out_dir, extra={"source": source, "trained_with": "gsdistill"})
+
+
+def _data_stream(cfg, rank: int, world: int, local_batch: int, patch_size: int, run_dir: Path):
+    from gsdistill.pretrain.data_stream import ShardBatches
+
+    shards = ""
+    if rank == 0:  # the text cache is reused when it matches the encoder, (re)built otherwise
+        given = cfg["data"]["shards"]
+        shards = str(prepare_synthetic(cfg, run_dir / "data") if not given else embed_cached(cfg, Path(given)))
+    shards = _broadcast_str(shards)  # also makes the other ranks wait for rank 0's data
+    return ShardBatches(str(shards), cfg, rank, world, local_batch, patch_size)
+
+
+def build_engine(cfg, model, device, world: int, local_batch: int):
+    engine_name = cfg["train"]["engine"]
+    if engine_name == "torch":
+        from gsdistill.pretrain.engine_torch import TorchEngine
+        return TorchEngine(model, cfg, device, world)
+    if engine_name == "deepspeed":
+        from gsdistill.config import configs_dir
+        from gsdistill.pretrain.engine_deepspeed import DeepSpeedEngine
+        path = Path(cfg["train"]["deepspeed_config"])
+        if not path.is_absolute() and not path.is_file():
+            path = configs_dir().parent / path
+        return DeepSpeedEngine(model.to(device), cfg, device, world, local_batch, path)
+    raise InputError(f"train.engine must be 'torch' or 'deepspeed', got {engine_name!r}")
+
+
+def run_pretraining(cfg, run_dir: Path | None = None, batches=None) -> Path:
+    """Pretrain and return the run dir (config.yaml, metrics.csv, checkpoints/, backbone/, plots/).
+
+    ``batches``: optional callable ``(rank, world) -> stream`` replacing the shard stream (tests, benches).
+    """
+    from gsdistill.models.gsdistill_model import GSDistill
+
+    rank, world, device = setup(str(cfg["train"]["engine"]), str(cfg["train"]["device"]))
+    global_batch = int(cfg["optim"]["batch_size"])
+    if global_batch % world:
+        raise InputError(f"optim.batch_size={global_batch} does not split over {world} processes")
+    resumed, changes = None, []
+    if cfg["train"]["resume"]:
+        resumed, notes = checkpoint.find_resumable(cfg["train"]["resume"])
+        changes = config_changes(checkpoint.read_config(resumed), cfg)
+        if rank == 0:
+            for note in notes:
+                print(f"[pretrain] resume: {note}", file=sys.stderr)
+            print(f"[pretrain] resuming from {resumed}" + (" (the newest intact checkpoint)" if notes else "")
+                  + (f"; config changed since: {', '.join(changes)}" if changes else "; config unchanged"),
+                  file=sys.stderr)
+    run_dir = resolve_run_dir(cfg, run_dir, resumed)
+    torch.manual_seed(int(cfg["train"]["seed"]))  # identical initial weights on every rank
+    model = GSDistill(cfg)
+    patch = int(model.backbone.patch_embed.patch_size[0])
+    stream = (batches(rank, world) if batches is not None
+              else _data_stream(cfg, rank, world, global_batch // world, patch, run_dir))
+    engine = build_engine(cfg, model, device, world, global_batch // world)
+    trainer = Trainer(cfg, run_dir, engine, stream, rank, world, device)
+    if resumed is not None:
+        try:
+            trainer.resume(resumed)
+        except InputError as e:
+            if changes:
+                raise InputError(f"{e}; config keys changed since that checkpoint: {', '.join(changes)}") from None
+            raise
+    if rank == 0:  # only now: a resume that fails leaves the run's config.yaml as it was
+        save_config(cfg, run_dir)
+    trainer.fit()
+    state = engine.model_state()
+    if rank == 0:
+        export_backbone(state, cfg, run_dir / "backbone", source=str(trainer.last_checkpoint or run_dir))
+    return run_dir

@@ -1,1 +1,0 @@
-"""Retrieval: IR metrics, exact inner-product search, page-retrieval evaluation."""

@@ -1,0 +1,50 @@
+"""DPR training/dev JSON: a list of ``{"question", "answers", "positive_ctxs", "negative_ctxs",
+"hard_negative_ctxs"}`` where each ctx is ``{"title", "text", "passage_id"?}``.
+
+Positives get grade 1; hard negatives come first in the negatives list, then plain negatives.
+Passages without ``passage_id`` get a content-hash id, so a passage shared by questions is one doc.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from gsdistill.retriever.data import CorpusBuilder, RetrievalData, passage_text, require
+
+
+def load_dpr(path: str | Path) -> RetrievalData:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: DPR file not found")
+    try:
+        items = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: a DPR file is a JSON list of questions, got {type(items).__name__}")
+    corpus, skipped = CorpusBuilder(), Counter()
+    queries, qrels, negatives = {}, {}, {}
+    for i, item in enumerate(items):
+        where = f"{path}: item {i}"
+        if not isinstance(item, dict):
+            raise ValueError(f"{where}: expected an object")
+        qid = str(item.get("id", item.get("qid", f"q{i}")))
+
+        def add(ctx: dict) -> str:
+            if not isinstance(ctx, dict):
+                raise ValueError(f"{where}: a ctx must be an object")
+            pid = ctx.get("passage_id", ctx.get("psg_id"))
+            return corpus.add(passage_text(ctx.get("title"), require(ctx, "text", where)),
+                              None if pid is None else str(pid))
+
+        queries[qid] = str(require(item, "question", where))
+        pos = [add(c) for c in require(item, "positive_ctxs", where)]
+        neg = [add(c) for c in item.get("hard_negative_ctxs", []) + item.get("negative_ctxs", [])]
+        if not pos:
+            skipped["question without positive_ctxs"] += 1
+        qrels[qid] = {d: 1 for d in pos}
+        negatives[qid] = list(dict.fromkeys(d for d in neg if d not in qrels[qid]))
+    data = RetrievalData(corpus.ids, corpus.texts, queries, qrels, negatives, skipped, str(path))
+    data.require_usable()
+    return data

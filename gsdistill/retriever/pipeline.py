@@ -1,0 +1,157 @@
+"""Config -> data -> (noise) -> training -> held-out evaluation -> saved model, as one call.
+
+Used by ``gsdistill retriever train`` and by ``tools/retriever_table.py``. With a frozen passage
+tower the corpus is encoded once, and those embeddings serve label-noise injection, training and
+evaluation alike; pass ``passage_embeddings`` to reuse them across runs.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from gsdistill.losses.gather import is_distributed
+from gsdistill.retriever.data import RetrievalData
+from gsdistill.retriever.evaluate import encode_corpus, evaluate_retriever
+from gsdistill.retriever.loading import load_retrieval_data, train_test_queries
+from gsdistill.retriever.mining import cached_negatives, check_method, mine_negatives, mining_key
+from gsdistill.retriever.noise import inject_label_noise
+from gsdistill.retriever.train import RetrieverTrainer, build_model, init_distributed
+
+
+def make_run_dir(cfg: DictConfig) -> Path:
+    name = cfg.run.name or f"{cfg.loss.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(cfg.run.dir) / name
+
+
+def load_split(cfg: DictConfig) -> tuple[RetrievalData, RetrievalData, RetrievalData | None]:
+    """(data as loaded, train data, eval data or None) from ``data.*``."""
+    d = cfg.data
+    data = load_retrieval_data(d.format, d.path, d.corpus, d.split)
+    if d.eval_path:
+        return data, data, load_retrieval_data(d.format, d.eval_path, d.corpus, d.split)
+    if d.folds and d.folds >= 2:
+        train_q, test_q = train_test_queries(data, d.folds, d.fold, d.fold_seed)
+        return data, data.subset(train_q), data.subset(test_q)
+    return data, data, None
+
+
+def split_data(cfg: DictConfig) -> tuple[RetrievalData, RetrievalData | None]:
+    """(train data, eval data or None) from ``data.*``."""
+    return load_split(cfg)[1:]
+
+
+def report_data(parts: dict[str, RetrievalData | None], out_dir: Path, quiet: bool = False) -> dict:
+    """Loader summaries of each part, printed to stderr and written to ``out_dir/data_summary.json``."""
+    summary = {name: d.summary() for name, d in parts.items() if d is not None}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "data_summary.json").write_text(json.dumps(summary, indent=2))
+    if not quiet:
+        for name, s in summary.items():
+            print(f"data [{name}] {s['source']}: {s['docs']} docs, {s['judged_queries']} judged queries, "
+                  f"{s['positives']} positives (grade > 0); {s['queries_without_relevant']} queries with only "
+                  f"grade-0 judgements; skipped {s['skipped'] or 'nothing'}", file=sys.stderr)
+    return summary
+
+
+def mine_for_run(cfg: DictConfig, data: RetrievalData, qrels: dict, model, passage_embeddings, progress: bool):
+    """``(mined {qid: [corpus index]}, info, remine or None)`` from ``negatives.*``; first pass with
+    the model as it starts training (zero-shot), cached; ``remine(model)`` re-mines (dense) with the
+    current weights."""
+    n = cfg.negatives
+    method = check_method(n.method)
+    if method == "none":
+        return {}, {"method": "none"}, None
+    if n.remine_every_epoch and "dense" not in method:
+        raise ValueError("negatives.remine_every_epoch needs a dense method (BM25 does not change with the model)")
+    qids = sorted(q for q in data.queries if any(g > 0 for g in qrels.get(q, {}).values()))
+    bs = cfg.eval.batch_size
+
+    def compute(m) -> dict[str, list[int]]:
+        q_emb = doc_emb = None
+        if "dense" in method:
+            doc_emb = passage_embeddings if passage_embeddings is not None else encode_corpus(m, data, bs, progress)
+            q_emb = m.encode([data.queries[q] for q in qids], "query", bs)
+        return mine_negatives(data, qids, qrels, method, n.depth, n.skip_top, n.per_query, q_emb, doc_emb)
+
+    settings = {"method": method, "depth": n.depth, "skip_top": n.skip_top, "per_query": n.per_query}
+    unused = ("temperature", "learn_temperature", "train_top_layers")  # do not change the mining encoder
+    encoder = json.dumps({k: v for k, v in model.settings().items() if k not in unused}, sort_keys=True)
+    key = mining_key(data, qids, qrels, settings, encoder)
+    cache = Path(n.cache_dir) if n.cache_dir else Path(cfg.run.dir) / "mined_negatives"
+    mined, path, reused = cached_negatives(cache, key, lambda: compute(model))
+    sizes = [len(v) for v in mined.values()]
+    info = {**settings, "file": str(path), "reused_cache": reused, "queries": len(mined),
+            "mean_per_query": sum(sizes) / max(1, len(sizes)), "queries_without_mined": sizes.count(0),
+            "remine_every_epoch": bool(n.remine_every_epoch)}
+    print(f"mined negatives ({method}): {info['mean_per_query']:.1f} per query for {len(mined)} queries "
+          f"({'cached ' if reused else ''}{path})", file=sys.stderr)
+    return mined, info, (compute if n.remine_every_epoch else None)
+
+
+def interpolate_weights(model: torch.nn.Module, start: dict[str, torch.Tensor], alpha: float) -> None:
+    """WiSE-FT (Wortsman et al. 2022, "Robust fine-tuning of zero-shot models"): replace the trained
+    weights by ``(1 - alpha) * start + alpha * trained`` (float tensors; buffers such as position ids
+    are left as they are)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"train.interpolate must be in [0, 1], got {alpha}")
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            if value.is_floating_point() and name in start:
+                value.copy_((1 - alpha) * start[name].to(value.device) + alpha * value)
+
+
+def train_and_evaluate(cfg: DictConfig, run_dir: str | Path | None = None,
+                       passage_embeddings: torch.Tensor | None = None, progress: bool = True,
+                       save_model: bool = True) -> dict:
+    """Train on ``cfg`` and evaluate on the held-out data; returns the summary written to summary.json.
+
+    ``save_model=False`` skips writing the weights (sweeps of many runs would fill the disk).
+    """
+    run_dir = Path(run_dir) if run_dir is not None else make_run_dir(cfg)
+    init_distributed()  # no-op unless launched by torchrun with WORLD_SIZE > 1
+    loaded, train_data, eval_data = load_split(cfg)
+    report_data({"loaded": loaded, "train": train_data, "eval": eval_data}, run_dir, quiet=not progress)
+    model = build_model(cfg)
+    if cfg.model.freeze_passage and passage_embeddings is None:
+        passage_embeddings = encode_corpus(model, train_data, cfg.eval.batch_size, progress)
+    qrels, noise_stats = train_data.qrels, None
+    if cfg.noise.ratio > 0:
+        doc_emb = None
+        if cfg.noise.similar:  # "similar" = nearest by the initial model's passage embeddings
+            doc_emb = passage_embeddings if passage_embeddings is not None else encode_corpus(
+                model, train_data, cfg.eval.batch_size, progress)
+        qrels, noise_stats = inject_label_noise(train_data, cfg.noise.ratio, doc_emb, cfg.noise.seed)
+        print(f"label noise: requested {cfg.noise.ratio:.1%}, achieved {noise_stats['achieved_rate']:.1%} "
+              f"({noise_stats['replaced']} of {noise_stats['positives']} positives replaced)", file=sys.stderr)
+    mined, mining_info, remine = mine_for_run(cfg, train_data, qrels, model, passage_embeddings, progress)
+    trainer = RetrieverTrainer(cfg, train_data, run_dir, qrels=qrels, model=model,
+                               passage_embeddings=passage_embeddings, progress=progress,
+                               mined_negatives=mined, remine=remine)
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.train.interpolate < 1 else None
+    t0 = time.perf_counter()
+    trainer.fit()
+    if start is not None:
+        interpolate_weights(trainer.model, start, cfg.train.interpolate)
+    train_seconds = time.perf_counter() - t0
+    if is_distributed() and torch.distributed.get_rank() > 0:  # rank 0 evaluates and saves
+        return {"run_dir": str(trainer.run_dir), "train_seconds": train_seconds}
+    result = None
+    if eval_data is not None:
+        doc_emb = passage_embeddings if cfg.model.freeze_passage else None
+        result = evaluate_retriever(trainer.model, eval_data, k=cfg.eval.k, measures=list(cfg.eval.measures),
+                                    doc_emb=doc_emb, batch_size=cfg.eval.batch_size, use_faiss=cfg.eval.use_faiss,
+                                    out_dir=run_dir / "eval", tag=run_dir.name, progress=progress,
+                                    min_relevance=cfg.eval.min_relevance)
+    model_dir = trainer.save(result["metrics"] if result else None) if save_model else None
+    losses = [r["loss"] for r in trainer.history]
+    summary = {"run_dir": str(run_dir), "model_dir": str(model_dir) if model_dir else None,
+               "train_queries": len(trainer.sampler.qids),
+               "eval": result, "noise": noise_stats, "negatives": mining_info, "train_seconds": train_seconds,
+               "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,1 +1,0 @@
-"""Pretraining: the loop, its two engines (plain PyTorch / DeepSpeed ZeRO-3), schedules, checkpoints."""

@@ -1,0 +1,130 @@
+"""``gsdistill tuples``: build page-tuple shards, embed their texts, summarise a shard dir.
+
+    gsdistill tuples build --from {pdf,images,coco,docbank,synthetic} INPUT --out DIR
+                           [--config FILE] [--dpi N] [--pages-per-shard N] [--max-pages N]
+                           [--limit N] [--no-ocr] [--image-format png|jpg] [key=value ...]
+    gsdistill tuples embed SHARD_DIR [--encoder NAME] [--batch-size N] [--force] [key=value ...]
+    gsdistill tuples info SHARD_DIR
+
+Settings come from ``configs/tuples/default.yaml`` <- ``--config`` <- ``key=value`` <- flags.
+The resolved config is saved as ``DIR/config.yaml``; skipped inputs go to the manifest and
+``DIR/skipped.csv``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from gsdistill.tuples.errors import DataError
+
+# flag -> config key it sets
+_FLAG_KEYS = {"dpi": "pdf.dpi", "pages_per_shard": "build.pages_per_shard", "max_pages": "build.max_pages",
+              "limit": "build.limit", "image_format": "build.image_format", "encoder": "embed.encoder",
+              "batch_size": "embed.batch_size"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gsdistill tuples", description="page-tuple shards: build, embed, info",
+                                 epilog="build and embed also take key=value config overrides anywhere on the line")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build shards from PDFs, images (OCR), COCO, DocBank or synthetic pages",
+                       epilog="key=value overrides of configs/tuples/default.yaml may follow, e.g. pdf.max_page_count=500")
+    b.add_argument("--from", dest="kind", required=True, choices=["pdf", "images", "coco", "docbank", "synthetic"])
+    b.add_argument("input", help="file or folder (synthetic: number of pages)")
+    b.add_argument("--out", required=True, help="output shard folder")
+    b.add_argument("--config", default=None, help="experiment YAML over configs/tuples/default.yaml")
+    b.add_argument("--dpi", type=int, help="PDF render resolution (pdf.dpi)")
+    b.add_argument("--pages-per-shard", type=int, help="pages per tar shard (build.pages_per_shard)")
+    b.add_argument("--max-pages", type=int, help="stop after this many pages in all")
+    b.add_argument("--limit", type=int, help="use only the first N input files")
+    b.add_argument("--image-format", choices=["png", "jpg"])
+    b.add_argument("--no-ocr", action="store_true", help="never run Tesseract (ocr.enabled=false)")
+    e = sub.add_parser("embed", help="cache text-encoder embeddings of spans and box descriptors",
+                       epilog="key=value overrides may follow, e.g. embed.max_spans=32 embed.device=cuda")
+    e.add_argument("shard_dir")
+    e.add_argument("--config", default=None)
+    e.add_argument("--encoder", default=None, help="Hugging Face name/path (default all-MiniLM-L6-v2)")
+    e.add_argument("--batch-size", type=int)
+    e.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
+    i = sub.add_parser("info", help="summarise a shard folder (pages, classes, skips, cache)")
+    i.add_argument("shard_dir")
+    return ap
+
+
+def _config(args):
+    from gsdistill.config import load_config
+    overrides = list(args.overrides)
+    for flag, key in _FLAG_KEYS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    if getattr(args, "no_ocr", False):
+        overrides.append("ocr.enabled=false")
+    return load_config("tuples", args.config, overrides)
+
+
+def class_table(manifest: dict) -> list[str]:
+    """Rows "class  boxes  pages-with-class  share-of-pages" for every class present."""
+    pages = max(manifest["pages"], 1)
+    rows = [f"{'class':<16}{'boxes':>8}{'pages':>8}{'share':>8}"]
+    for name in sorted(manifest["boxes_per_class"]):
+        with_ = manifest["pages_with_class"].get(name, 0)
+        rows.append(f"{name:<16}{manifest['boxes_per_class'][name]:>8}{with_:>8}{with_ / pages:>8.1%}")
+    return rows
+
+
+def _build(args) -> int:
+    from gsdistill.config import save_config
+    from gsdistill.tuples.build import build_shards
+    cfg = _config(args)
+    out = Path(args.out)
+    t0 = time.time()
+    manifest = build_shards(args.kind, args.input, out, cfg)
+    save_config(cfg, out)
+    dt = time.time() - t0
+    print(f"{manifest['pages']} pages ({manifest['documents']} documents) in {len(manifest['shards'])} shards -> {out} "
+          f"[{dt:.1f} s, {manifest['pages'] / max(dt, 1e-9):.2f} pages/s]")
+    print("\n".join(class_table(manifest)))
+    if manifest["skipped_count"]:
+        print(f"skipped {manifest['skipped_count']} inputs (see {out / 'skipped.csv'}): {manifest['skip_reasons']}")
+    return 0 if manifest["pages"] else 1
+
+
+def _embed(args) -> int:
+    from gsdistill.tuples.text_cache import embed_shards
+    cfg = _config(args)
+    e = cfg.embed
+    embed_shards(args.shard_dir, encoder=e.encoder, batch_size=int(e.batch_size), max_spans=e.max_spans,
+                 force=args.force, device=e.device, descriptor_format=e.descriptor_format)
+    print(f"embeddings of {args.shard_dir} are current ({e.encoder or 'all-MiniLM-L6-v2'})")
+    return 0
+
+
+def _info(args) -> int:
+    from gsdistill.tuples.shards import read_manifest
+    from gsdistill.tuples.text_cache import _read_meta
+    folder = Path(args.shard_dir)
+    m = read_manifest(folder)
+    print(f"{folder}: {m['pages']} pages, {m['documents']} documents, {m['spans']} spans, "
+          f"{len(m['shards'])} shards, sources {m['sources']}")
+    print("\n".join(class_table(m)))
+    print(f"skipped: {m['skipped_count']} {m['skip_reasons']}")
+    meta = _read_meta(folder)
+    print("embeddings: " + (f"{meta['encoder']} dim {meta['dim']} descriptors {meta['descriptor_version']}" if meta else "none"))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # key=value overrides may sit anywhere among the flags; argparse cannot interleave them with
+    # sub-command positionals, so they are taken out first
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    args = _parser().parse_args([a for a in argv if a not in overrides])
+    args.overrides = overrides
+    try:
+        return {"build": _build, "embed": _embed, "info": _info}[args.cmd](args)
+    except DataError as e:
+        print(f"gsdistill tuples {args.cmd}: error: {e}", file=sys.stderr)
+        return 1

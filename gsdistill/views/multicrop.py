@@ -1,0 +1,154 @@
+"""Multi-crop views of a page tuple for self-distillation (paper 003 §5.1; DINOv2 defaults).
+
+``MultiCropViews(page)`` draws ``n_global`` global crops (``global_size`` px, area share
+``global_scale``) and ``n_local`` local crops (``local_size`` px, ``local_scale``) with
+document-appropriate photometric augmentation (colour jitter of strength ``color_jitter``, blur
+with probability ``blur_prob``, occasional greyscale; no horizontal flip unless ``hflip``:
+mirrored text is not text). The views of a page are a pure function of ``(seed, page id)``, so a
+resumed stream need not replay the augmentations of the pages it skips. With ``track_boxes`` the
+page's span and layout boxes go through the same albumentations transforms and
+``views[i]["boxes"]`` are the boxes in that crop's pixels (clipped; boxes that fall outside are
+dropped with their labels); pretraining does not use them, so it is off by default.
+Each student global view also gets an iBOT block mask over its patch grid.
+
+``collate_pretrain`` stacks samples into the view-major batch the model consumes (see
+``INTERFACES``: every page's view 0, then every page's view 1, ...).
+"""
+from __future__ import annotations
+
+import zlib
+
+import albumentations as A
+import numpy as np
+import torch
+
+from gsdistill.views.masking import view_mask
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _pipeline(size: int, scale: tuple[float, float], hflip: bool, color_jitter: float, blur_prob: float,
+              track_boxes: bool) -> A.Compose:
+    # area interpolation when shrinking: a page shrunk 5x with plain bilinear sampling aliases away
+    # thin rules and text lines, and the model would learn views unlike any evaluation page image
+    ops = [A.RandomResizedCrop(size=(size, size), scale=tuple(scale), ratio=(3 / 4, 4 / 3),
+                               area_for_downscale="image")]
+    if hflip:
+        ops.append(A.HorizontalFlip(p=0.5))
+    if color_jitter > 0:
+        cj = color_jitter
+        ops.append(A.ColorJitter(brightness=cj, contrast=cj, saturation=cj / 2, hue=0.05, p=0.8))
+        ops.append(A.ToGray(p=0.2))
+    if blur_prob > 0:
+        ops.append(A.GaussianBlur(blur_limit=(3, 5), p=blur_prob))
+    ops.append(A.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD))
+    if not track_boxes:
+        return A.Compose(ops)
+    return A.Compose(ops, bbox_params=A.BboxParams(format="pascal_voc", label_fields=["labels"],
+                                                   clip=True, min_visibility=0.0, filter_invalid_bboxes=True))
+
+
+def page_boxes(page: dict) -> tuple[np.ndarray, list[str]]:
+    """All span and layout boxes of a page (pixels, clipped to it) with labels ``span:<i>`` / ``box:<i>``."""
+    w, h = page["width"], page["height"]
+    rows, labels = [], []
+    for kind, items in (("span", page.get("spans", [])), ("box", page.get("boxes", []))):
+        for i, item in enumerate(items):
+            x0, y0, x1, y1 = (float(v) for v in item["bbox"])
+            x0, x1 = sorted((min(max(x0, 0), w), min(max(x1, 0), w)))
+            y0, y1 = sorted((min(max(y0, 0), h), min(max(y1, 0), h)))
+            if x1 - x0 >= 1 and y1 - y0 >= 1:
+                rows.append([x0, y0, x1, y1])
+                labels.append(f"{kind}:{i}")
+    return np.asarray(rows, dtype=np.float32).reshape(-1, 4), labels
+
+
+class MultiCropViews:
+    """Callable: page tuple -> ``{"global_crops", "local_crops", "masks", embeddings..., "id"}`` (plus
+    ``"global_boxes"``, ``"local_boxes"`` with ``track_boxes``); deterministic for (seed, page id)."""
+
+    def __init__(self, global_size: int = 224, local_size: int = 96, n_global: int = 2, n_local: int = 8,
+                 global_scale=(0.32, 1.0), local_scale=(0.05, 0.32), patch_size: int = 16,
+                 mask_prob: float = 0.5, mask_ratio=(0.1, 0.5), hflip: bool = False, color_jitter: float = 0.4,
+                 blur_prob: float = 0.1, max_spans: int = 32, seed: int = 0, track_boxes: bool = False):
+        if global_size % patch_size:
+            raise ValueError(f"global_size={global_size} is not a multiple of patch_size={patch_size}")
+        if n_global < 1:
+            raise ValueError("n_global must be >= 1")
+        self.n_global, self.n_local, self.max_spans = n_global, n_local, max_spans
+        self.grid = (global_size // patch_size, global_size // patch_size)
+        self.mask_prob, self.mask_ratio = float(mask_prob), tuple(mask_ratio)
+        self.track_boxes = bool(track_boxes)
+        self.global_tf = _pipeline(global_size, global_scale, hflip, color_jitter, blur_prob, self.track_boxes)
+        self.local_tf = _pipeline(local_size, local_scale, hflip, color_jitter, blur_prob, self.track_boxes)
+        self.seed = int(seed)
+
+    def _view(self, tf: A.Compose, rng: np.random.Generator, image: np.ndarray, boxes) -> tuple:
+        tf.set_random_seed(int(rng.integers(2**31)))
+        if boxes is None:
+            out = tf(image=image)
+        else:
+            out = tf(image=image, bboxes=boxes[0], labels=boxes[1])
+        tensor = torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1))).float()
+        if boxes is None:
+            return tensor, None
+        return tensor, {"bboxes": np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4),
+                        "labels": list(out["labels"])}
+
+    def __call__(self, page: dict) -> dict:
+        image = np.asarray(page["image"].convert("RGB"))
+        boxes = page_boxes(page) if self.track_boxes else None
+        rng = np.random.default_rng([self.seed, zlib.crc32(str(page["id"]).encode("utf-8"))])
+        g = [self._view(self.global_tf, rng, image, boxes) for _ in range(self.n_global)]
+        loc = [self._view(self.local_tf, rng, image, boxes) for _ in range(self.n_local)]
+        masks = [torch.from_numpy(view_mask(self.grid, self.mask_prob, self.mask_ratio, rng)) for _ in g]
+        sample = {"id": page["id"], "global_crops": [t for t, _ in g], "local_crops": [t for t, _ in loc],
+                  "masks": masks}
+        if self.track_boxes:
+            sample["global_boxes"], sample["local_boxes"] = [b for _, b in g], [b for _, b in loc]
+        for key in ("sem_emb", "geom_emb"):
+            if key in page:
+                sample[key] = np.asarray(page[key], dtype=np.float32)[: self.max_spans]
+        for key in ("sp_sem_emb", "sp_geom_emb", "sp_joint_emb"):
+            if key in page:
+                sample[key] = np.asarray(page[key], dtype=np.float32)
+        return sample
+
+
+def _pad(rows: list[np.ndarray], dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(1, max(len(r) for r in rows))
+    out = torch.zeros(len(rows), longest, dim)
+    valid = torch.zeros(len(rows), longest, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, : len(r)] = torch.from_numpy(r)
+            valid[i, : len(r)] = True
+    return out, valid
+
+
+def collate_pretrain(samples: list[dict]) -> dict:
+    """View-major batch (see module docstring). Pages need cached embeddings (``gsdistill tuples embed``)."""
+    if not samples:
+        raise ValueError("collate_pretrain got an empty batch")
+    missing = [s["id"] for s in samples if "sem_emb" not in s or "geom_emb" not in s]
+    if missing:
+        raise ValueError(f"pages {missing[:3]} have no cached text embeddings; run "
+                         "'gsdistill tuples embed SHARD_DIR' (gsdistill.tuples.text_cache.embed_shards) first")
+    n_g, n_l = len(samples[0]["global_crops"]), len(samples[0]["local_crops"])
+    batch = {"global_crops": torch.stack([s["global_crops"][v] for v in range(n_g) for s in samples]),
+             "masks": torch.stack([s["masks"][v] for v in range(n_g) for s in samples])}
+    if n_l:
+        batch["local_crops"] = torch.stack([s["local_crops"][v] for v in range(n_l) for s in samples])
+    else:
+        size = samples[0]["global_crops"][0].shape[-1]
+        batch["local_crops"] = torch.zeros(0, 3, size, size)
+    dim = samples[0]["sem_emb"].shape[-1] if len(samples[0]["sem_emb"].shape) == 2 else 0
+    dim = dim or int(samples[0]["sp_sem_emb"].shape[-1])
+    batch["sem_emb"], batch["sem_valid"] = _pad([s["sem_emb"].reshape(-1, dim) for s in samples], dim)
+    batch["geom_emb"], batch["geom_valid"] = _pad([s["geom_emb"].reshape(-1, dim) for s in samples], dim)
+    for key in ("sp_sem_emb", "sp_geom_emb", "sp_joint_emb"):
+        if all(key in s for s in samples):
+            batch[key] = torch.stack([torch.from_numpy(s[key]) for s in samples])
+    batch["ids"] = [s["id"] for s in samples]
+    return batch
