@@ -7,6 +7,11 @@ may name another experiment file it builds on with ``_base_: other.yaml``. Comma
 a misspelled key is an error with a did-you-mean hint (as Ultralytics does). Values are parsed as
 YAML scalars/lists (``yaml.safe_load``), never evaluated, then checked against the type and range
 each key's comment in the defaults states (:mod:`gsdistill.config_schema`), for every stage.
+
+A section whose comment starts with ``keys of configs/<other>/default.yaml`` embeds another stage's
+config (the ablation runner's ``pretrain``, ``detect`` and ``eval`` sections): it holds only the keys
+it sets, and each is checked, key and value, against that stage's defaults, with the same
+did-you-mean hint. ``load_config(other, ..., layers=[section])`` applies it to the other stage.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -52,11 +57,7 @@ def _check_keys(base: DictConfig, extra: DictConfig, source: str, prefix: str = 
     for k, v in extra.items():
         full = f"{prefix}{k}"
         if k not in base:
-            hint = difflib.get_close_matches(full, all_keys, n=3, cutoff=0.5)
-            msg = f"{source}: unknown config key '{full}'"
-            if hint:
-                msg += f"; did you mean {' or '.join(repr(h) for h in hint)}?"
-            raise ConfigError(msg)
+            raise _unknown(full, all_keys, source)
         sub = base[k]
         if isinstance(v, DictConfig) and isinstance(sub, DictConfig):
             _check_keys(sub, v, source, full + ".", all_keys)
@@ -120,16 +121,45 @@ def parse_overrides(overrides: Iterable[str]) -> list[tuple[str, object]]:
     return out
 
 
+_EMBEDS = re.compile(r"^keys of configs/(\w+)/default\.yaml\b")
+
+
+def embedded_stages(default_path: Path) -> dict[str, str]:
+    """Dotted section key -> the stage whose keys it holds (comment ``keys of configs/<stage>/default.yaml``)."""
+    return {key: m.group(1) for key, comment in read_comments(default_path).items()
+            if (m := _EMBEDS.match(comment))}
+
+
+def _unknown(key: str, all_keys: list[str], source: str) -> ConfigError:
+    hint = difflib.get_close_matches(key, all_keys, n=3, cutoff=0.5)
+    msg = f"{source}: unknown config key '{key}'"
+    if hint:
+        msg += f"; did you mean {' or '.join(repr(h) for h in hint)}?"
+    return ConfigError(msg)
+
+
 def load_config(stage: str, experiment: str | os.PathLike | None = None,
-                overrides: Iterable[str] = (), base: str | os.PathLike | None = None) -> DictConfig:
-    """Defaults of ``stage`` <- ``base`` <- experiment file chain <- ``key=value`` overrides; every
-    value checked against its commented type and range; struct-locked result.
+                overrides: Iterable[str] = (), base: str | os.PathLike | None = None,
+                layers: Iterable[Mapping] = ()) -> DictConfig:
+    """Defaults of ``stage`` <- ``base`` <- experiment file chain <- ``layers`` <- ``key=value``
+    overrides; every value checked against its commented type and range; struct-locked result.
 
     ``experiment`` may be a path, or a name looked up in ``configs/<stage>/`` (``.yaml`` optional).
     ``base``: a resolved config file (e.g. a checkpoint's ``config.yaml``) applied before it.
+    ``layers``: mappings of keys (e.g. an embedded section of another stage's config) applied after
+    the experiment chain, with the same key checks as an experiment file.
     """
     default_path = configs_dir() / stage / "default.yaml"
     defaults = _read_yaml(default_path)
+    embeds = embedded_stages(default_path)
+    schema = defaults.copy()  # every key that may be set: an embedded section knows its stage's keys
+    for key, other in embeds.items():
+        other_defaults = _read_yaml(configs_dir() / other / "default.yaml")
+        section = OmegaConf.select(defaults, key)
+        if not isinstance(section, DictConfig):
+            raise ConfigError(f"{default_path}: '{key}' must be a section (keys of configs/{other}/default.yaml)")
+        _check_keys(other_defaults, section, f"{default_path}, section '{key}'")
+        OmegaConf.update(schema, key, _merge(other_defaults, section, str(default_path)), merge=False)
     cfg = defaults.copy()  # overrides update cfg in place; the checks need the untouched defaults
     chain = [(Path(base), _read_yaml(Path(base)))] if base is not None else []
     if experiment is not None:
@@ -138,29 +168,34 @@ def load_config(stage: str, experiment: str | os.PathLike | None = None,
             cand = configs_dir() / stage / (exp.name if exp.suffix else exp.name + ".yaml")
             exp = cand if cand.is_file() else exp
         chain += _resolve_experiment(exp)
+    chain += [("settings", layer if isinstance(layer, DictConfig) else OmegaConf.create(dict(layer)))
+              for layer in layers]
     for path, part in chain:
-        _check_keys(cfg, part, str(path))
-        cfg = _merge(cfg, part, str(path))
+        _check_keys(schema, part, str(path))
+        cfg, schema = _merge(cfg, part, str(path)), _merge(schema, part, str(path))
     OmegaConf.set_struct(cfg, True)
-    all_keys = _dotted_keys(cfg)
+    for key in embeds:  # an embedded section holds only the keys it sets: overrides may add any other
+        OmegaConf.set_struct(OmegaConf.select(cfg, key), False)
+    all_keys = _dotted_keys(schema)
     for key, value in parse_overrides(overrides):
         if key not in all_keys:
-            hint = difflib.get_close_matches(key, all_keys, n=3, cutoff=0.5)
-            msg = f"command line: unknown config key '{key}'"
-            if hint:
-                msg += f"; did you mean {' or '.join(repr(h) for h in hint)}?"
-            raise ConfigError(msg)
-        node = OmegaConf.select(cfg, key)
+            raise _unknown(key, all_keys, "command line")
+        node = OmegaConf.select(schema, key)
         if isinstance(value, dict) and isinstance(node, DictConfig):
             if len(node):
                 _check_keys(node, OmegaConf.create(value), "command line", key + ".", all_keys)
-            else:  # a default of {} is a free-form mapping (e.g. loss keyword arguments)
-                OmegaConf.set_struct(node, False)
+            elif isinstance(OmegaConf.select(cfg, key), DictConfig):  # a default of {} is a free-form mapping
+                OmegaConf.set_struct(OmegaConf.select(cfg, key), False)  # (e.g. loss keyword arguments)
         try:
             OmegaConf.update(cfg, key, value, merge=True)
         except OmegaConfBaseException as e:
             raise ConfigError(f"command line: cannot set '{key}' to {value!r} ({str(e).splitlines()[0]})") from None
-    check_config(cfg, defaults, default_path)
+    check_config(cfg, defaults, default_path, skip=set(embeds))
+    for key, other in embeds.items():
+        section = OmegaConf.select(cfg, key)
+        other_path = configs_dir() / other / "default.yaml"
+        check_config(section, _read_yaml(other_path), other_path, prefix=key + ".")
+        OmegaConf.set_struct(section, None)  # struct again, as the rest of the tree
     return cfg
 
 
@@ -171,21 +206,28 @@ def _merge(cfg: DictConfig, part: DictConfig, source: str) -> DictConfig:
         raise ConfigError(f"{source}: {str(e).splitlines()[0]}") from None
 
 
-def check_config(cfg: DictConfig, defaults: DictConfig, default_path: Path) -> None:
+def check_config(cfg: DictConfig, defaults: DictConfig, default_path: Path, skip: set[str] = frozenset(),
+                 prefix: str = "") -> None:
     """Check (and normalise in place) every value against the type and range its comment in
-    ``default_path`` states; the first bad one raises a ConfigError naming the key."""
+    ``default_path`` states; the first bad one raises a ConfigError naming the key.
+
+    ``skip``: dotted sections left out (embedded stages, checked on their own). ``prefix``: ``cfg``
+    is an embedded section at this key, holding only some of the keys of ``defaults``.
+    """
     comments = read_comments(default_path)
     values = OmegaConf.to_container(cfg, resolve=False)
     plain_defaults = OmegaConf.to_container(defaults, resolve=False)
     fixes: list[tuple[str, object]] = []
 
-    def walk(node: dict, dnode: dict, prefix: str) -> None:
+    def walk(node: dict, dnode: dict, path: str) -> None:
         for k, default in dnode.items():
-            key, value = prefix + k, node.get(k)
+            key, value = path + k, node.get(k)
+            if key in skip or (prefix and k not in node):
+                continue
             comment = comments.get(key, "")
             if isinstance(default, dict) and (bool(default) or parse_spec(comment) is None):  # a section
                 if not isinstance(value, dict):
-                    raise ConfigError(f"config key '{key}' is a section (a mapping of keys), got {value!r}")
+                    raise ConfigError(f"config key '{prefix}{key}' is a section (a mapping of keys), got {value!r}")
                 walk(value, default, key + ".")
                 continue
             try:
@@ -193,7 +235,7 @@ def check_config(cfg: DictConfig, defaults: DictConfig, default_path: Path) -> N
             except ValueError as e:
                 where = f"configs/{default_path.parent.name}/default.yaml"
                 hint = f" ({where}: '{comment[:70]}')" if comment else ""
-                raise ConfigError(f"config key '{key}': {e}{hint}") from None
+                raise ConfigError(f"config key '{prefix}{key}': {e}{hint}") from None
             if repr(new) != repr(value):  # normalised (1 -> 1.0 for a float key, ...)
                 fixes.append((key, new))
 

@@ -25,6 +25,11 @@ class InputError(GsdistillError, ValueError):
     """Any other unusable input (a checkpoint that does not fit the config, a batch with NaN, ...)."""
 
 
+class TrainingDiverged(GsdistillError, RuntimeError):
+    """Training stopped before a bad update or checkpoint: a NaN/inf loss or exploded weights. The
+    message names the step and the last good checkpoint."""
+
+
 def corrupt(path, exc: BaseException, what: str = "") -> CorruptFileError:
     """``CorruptFileError`` naming ``path`` and the library's own one-line reason."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

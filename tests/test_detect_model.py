@@ -28,6 +28,16 @@ def _cfg(**over):
     return load_config("detect", "cpu_smoke", [f"{k}={v}" for k, v in over.items()])
 
 
+def test_device_goes_through_the_one_resolver():
+    from gsdistill.detect.pipeline import resolve_device
+    from gsdistill.errors import InputError
+    assert resolve_device("0") == "0" and resolve_device("0,1") == "0,1"  # Ultralytics' CUDA indices, as given
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device(None) == resolve_device("auto") == ("0" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(InputError, match="device must be"):
+        resolve_device("gpu")
+
+
 def test_backbone_stays_in_eval_mode_and_pyramid_strides():
     vit = ViTBackbone("vit_tiny_patch16_224", {"depth": 1, "embed_dim": 32, "num_heads": 2, "drop_path_rate": 0.5})
     vit.train()

@@ -101,7 +101,8 @@ def test_validate_reports_ultralytics_and_pycocotools(run):
         per_class = [rep["per_class"][n][key] for n in present]
         assert rep["m" + key] == pytest.approx(sum(per_class) / len(per_class), abs=1e-9), key
     # pycocotools numbers recomputed here from the saved predictions and the converter's sidecar
-    assert (rep["coco_mAP50"], rep["coco_mAP50-95"]) == pytest.approx(_cocoeval(rep["save_dir"], run["data"]), abs=1e-12)
+    coco = _cocoeval(rep["save_dir"], run["data"])
+    assert (rep["coco_mAP50"], rep["coco_mAP50-95"]) == pytest.approx(coco, abs=1e-12)
     assert json.loads(Path(rep["save_dir"], "report.json").read_text())["mAP50"] == rep["mAP50"]
 
 

@@ -97,3 +97,20 @@ def test_paired_gain_is_the_mean_difference_of_hits():
     g = paired_gain(rows, "a", "b", "s", "geom", "all", doc_of=["x", "x", "y", "y"])
     assert g["diff"] == pytest.approx(0.5) and g["ci95"][0] <= 0.5 <= g["ci95"][1]
     assert paired_gain(rows, "a", "c", "s", "geom", "all") is None
+
+
+def test_semantic_rows_carry_the_text_height_and_geometric_rows_do_not():
+    from gsdistill.pipelines.demo_learning import retrieval_markdown
+    rows = [{"model": "m", "split": "s", "head": h, "k": k, "acc1": 0.25, "ci95": [0.0, 0.5], "chance": 0.125,
+             "effective_rank": 3.0} for h, k in (("geom", "all"), ("sem", 1))]
+    table = retrieval_markdown(rows, "s", "text in view: Section-header 8.8 px").splitlines()
+    assert table[2].startswith("| geometric: all box descriptors | 12.5 | 25.0 [0.0, 50.0] |")
+    assert "8.8 px" not in table[2]
+    assert table[3].startswith("| semantic: 1 text crop(s) (text in view: Section-header 8.8 px) | 12.5 |")
+
+
+def test_text_height_in_view_scales_the_box_height_to_the_view():
+    from gsdistill.pipelines.demo_report import text_height_in_view
+    page = {"height": 640, "spans": [{"category": "Section-header", "bbox": [0, 100, 50, 164]},
+                                     {"category": "Text", "bbox": [0, 0, 50, 300]}]}
+    assert text_height_in_view([page], 112) == {"Section-header": pytest.approx(64 * 112 / 640)}

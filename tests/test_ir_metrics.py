@@ -1,6 +1,7 @@
 """IR metrics and exact search against reference libraries (pytrec_eval, ir_measures, faiss)."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -111,3 +112,54 @@ def test_search_ties_are_deterministic_and_k_is_clipped():
     assert torch.equal(search(q, d, 20, use_faiss=True)[1], i)
     with pytest.raises(ValueError, match=r"\[Q, D\]"):
         search(torch.ones(2, 3), d, 5)
+
+
+def test_ties_follow_trec_eval_order_also_under_a_cutoff():
+    # equal scores: trec_eval ranks doc ids descending, so "b" comes before "a"
+    run = {"q": {"a": 0.5, "b": 0.5, "c": 0.4}}
+    assert metrics.rank_documents(run["q"]) == ["b", "a", "c"]
+    m = metrics.evaluate(run, {"q": {"a": 1}}, ["MRR@1", "MRR@2", "MRR", "Acc@1", "P@2", "R@1"])
+    assert m == {"MRR@1": 0.0, "MRR@2": 0.5, "MRR": 0.5, "Acc@1": 0.0, "P@2": 0.5, "R@1": 0.0}
+    means, counts = metrics.evaluate_with_counts({}, {"q": {"a": 1}, "n": {"x": 0}}, ["MRR", "nDCG@10"])
+    assert means == {"MRR": 0.0, "nDCG@10": 0.0}
+    assert counts == {"queries_scored": 1, "queries_without_relevant": 1, "queries_missing_from_run": 1}
+
+
+def direct_ndcg(scores: dict[str, float], grades: dict[str, float], k: int) -> float:
+    """trec_eval's nDCG@k written out: linear gain g_i, discount log2(i + 1) at rank i, run in trec_eval's
+    order (score descending, ties by doc id descending), ideal DCG from the sorted grades."""
+    ranked = sorted(sorted(scores, reverse=True), key=lambda d: -scores[d])[:k]
+    dcg = sum(grades.get(d, 0.0) / math.log2(i + 1) for i, d in enumerate(ranked, 1))
+    ideal = sum(g / math.log2(i + 1) for i, g in enumerate(sorted(grades.values(), reverse=True)[:k], 1))
+    return dcg / ideal
+
+
+def test_fractional_grades_keep_their_value_in_ndcg():
+    rng = random.Random(0)
+    run, qrels = {}, {}
+    for q in range(20):
+        docs = [f"d{i}" for i in range(30)]
+        qrels[f"q{q}"] = {d: rng.choice([0, 0.125, 0.5, 1.0, 1.5, 2.75]) for d in rng.sample(docs, 12)}
+        qrels[f"q{q}"]["d0"] = 1.5  # at least one doc of grade >= 1
+        run[f"q{q}"] = {d: round(rng.random(), 2) for d in rng.sample(docs, 20)}
+    per_query = metrics.evaluate_per_query(run, qrels, ["nDCG@10", "nDCG@5"])
+    for q in qrels:
+        assert per_query[q]["nDCG@10"] == pytest.approx(direct_ndcg(run[q], qrels[q], 10), abs=1e-4)
+        assert per_query[q]["nDCG@5"] == pytest.approx(direct_ndcg(run[q], qrels[q], 5), abs=1e-4)
+    # a 0.5 counts as half a 1 (not 0): only the grade-0.5 doc retrieved, the grade-1 doc missed
+    got = metrics.evaluate({"q": {"half": 1.0}}, {"q": {"one": 1, "half": 0.5}}, ["nDCG@10"])["nDCG@10"]
+    assert got == pytest.approx(0.5 / (1 + 0.5 / math.log2(3)), abs=1e-4)
+
+
+def test_binary_measures_threshold_fractional_grades():
+    qrels = {"q": {"a": 0.5, "b": 1.5, "c": 0, "d": 1.5}}
+    run = {"q": {"a": 3.0, "b": 2.0, "c": 1.0}}
+    m = metrics.evaluate(run, qrels, ["MRR", "Acc@1", "Acc@2", "P@2", "R@1", "R@3"], min_relevance=1)
+    assert m == pytest.approx({"MRR": 0.5, "Acc@1": 0.0, "Acc@2": 1.0, "P@2": 0.5, "R@1": 0.0, "R@3": 0.5})
+    assert metrics.evaluate(run, qrels, ["MRR", "R@3"], min_relevance=0.5) == pytest.approx({"MRR": 1.0, "R@3": 2 / 3})
+    counts = metrics.evaluate_with_counts(run, qrels, ["MRR"], min_relevance=2)[1]
+    assert counts["queries_scored"] == 0  # no doc of grade >= 2: the query is not scored
+    assert metrics.grade_scale({"q": {"a": 0.5, "b": 1.25}}) == 100 and metrics.grade_scale(qrels) == 10
+    assert metrics.grade_scale({"q": {"a": 0.1, "b": 0.3}}) == 10  # float noise: 0.3 * 10 != 3 exactly
+    with pytest.raises(ValueError, match="more than 6 decimals"):
+        metrics.evaluate(run, {"q": {"a": 1 / 3, "b": 1}}, ["nDCG@10"])

@@ -161,3 +161,18 @@ def test_graded_gradcheck_padding_and_bad_input(name):
         loss_fn(scores, labels - 5)
     empty = loss_fn(x, torch.zeros_like(labels))
     assert empty.item() == 0.0 and loss_fn.last_stats["anchors_without_positive"] == 3
+
+
+@pytest.mark.parametrize("cls", [RankNetLoss, ApproxNDCGLoss])
+def test_default_is_exact_for_small_and_sampled_for_large_candidate_sets(cls):
+    from gsdistill.losses.pairwise_graded import AUTO_EXACT_MAX, AUTO_NEG_SAMPLES, resolve_neg_samples
+    assert (resolve_neg_samples("auto", AUTO_EXACT_MAX), resolve_neg_samples("auto", AUTO_EXACT_MAX + 1)) == \
+        (None, AUTO_NEG_SAMPLES) == (None, 256)
+    small, small_labels = graded_case(b=4, n=AUTO_EXACT_MAX, seed=3)
+    assert torch.equal(cls(seed=0)(small, small_labels), cls(neg_samples=None)(small, small_labels))
+    big, big_labels = graded_case(b=4, n=AUTO_EXACT_MAX + 8, seed=3)
+    default = cls(seed=5)(big, big_labels)
+    assert torch.equal(default, cls(neg_samples=AUTO_NEG_SAMPLES, seed=5)(big, big_labels))
+    assert not torch.equal(default, cls(neg_samples=None)(big, big_labels))
+    with pytest.raises(ValueError, match="neg_samples must be an int, None or 'auto'"):
+        cls(neg_samples="all")(small, small_labels)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from gsdistill.config import ConfigError, load_config
 from gsdistill.eval import page_retrieval as pr
 
 D = 16
@@ -67,10 +69,11 @@ def _model_for(pages: list[dict], noise: float = 1.0) -> FakeModel:
 
 
 def _cfg(**kw):
+    """The eval config through the one loader, with ``retrieval.<key>=<value>`` for each setting."""
     base = {"n_gallery": 1000, "ks": [1, 3, 8], "seeds": [0, 1], "device": "cpu", "image_size": 8,
             "run_depth": 100, "sp_separator": "\n"}  # the fake encoder sums the lines of a text
     base.update(kw)
-    return {"retrieval": base}
+    return load_config("eval", None, [f"retrieval.{k}={json.dumps(v)}" for k, v in base.items()])
 
 
 def _unit(x):
@@ -276,7 +279,14 @@ def test_text_gallery_diagnostic_matches_brute_force():
     assert res["per_seed"]["single_positive"][2][0]["MRR"] == pytest.approx(np.mean(1.0 / ranks))
 
 
-def test_unknown_config_key_is_named_with_a_hint():
+def test_config_comes_from_the_one_loader():
     pages = _pages(5)
-    with pytest.raises(ValueError, match="unknown retrieval config key.*n_galery \\(did you mean 'n_gallery'\\?\\)"):
-        pr.evaluate_page_retrieval(_model_for(pages), pages, FakeTextEncoder(), {"n_galery": 3}, progress=False)
+    with pytest.raises(ConfigError, match="unknown config key 'retrieval.n_galery'; "
+                                          "did you mean 'retrieval.n_gallery'"):
+        _cfg(n_galery=3)
+    with pytest.raises(ConfigError, match=r"'retrieval.aggregation': 'median' is not one of lse \| mean \| max"):
+        _cfg(aggregation="median")
+    with pytest.raises(TypeError, match=r"cfg must be the eval config from gsdistill.config.load_config\('eval'"):
+        pr.evaluate_page_retrieval(_model_for(pages), pages, FakeTextEncoder(), {"retrieval": {"n_gallery": 3}},
+                                   progress=False)
+    assert _cfg().retrieval.sp_separator == "\n" and _cfg().retrieval.temperature == 0.05

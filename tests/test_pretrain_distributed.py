@@ -69,7 +69,10 @@ def _assert_same(run: dict, ref: dict, rtol: float) -> None:
         for term in TERMS:
             assert run["rows"][step][term] == pytest.approx(row[term], rel=rtol, abs=1e-5), (step, term)
     for key, value in ref["backbone"].items():
-        torch.testing.assert_close(run["backbone"][key], value, rtol=rtol, atol=1e-5)
+        # Adam divides by sqrt(v): on a weight whose gradient is ~0, the rounding of two processes'
+        # gradient sums (another order) is magnified into a visible step; measured: 1.8e-5 on 1 of
+        # 147,456 patch-embedding weights after 4 steps. Every logged term must still agree to rtol.
+        torch.testing.assert_close(run["backbone"][key], value, rtol=rtol, atol=5e-5)
 
 
 @pytest.mark.distributed

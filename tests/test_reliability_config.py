@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gsdistill.cli import main
-from gsdistill.config import ConfigError, load_config
+from gsdistill.config import ConfigError, embedded_stages, load_config
 from gsdistill.config_schema import parse_spec, read_comments
 
 STAGES = sorted(p.parent.name for p in (Path(__file__).resolve().parents[1] / "configs").glob("*/default.yaml"))
@@ -70,11 +70,16 @@ def test_legitimate_values_pass(stage, override):
 
 
 def test_every_default_key_states_a_type_the_checker_reads():
+    """Keys inside an embedded stage section (ablate's ``pretrain:``, ...) are checked against that
+    stage's own defaults, so their comments need no type."""
     unchecked = []
     for stage in STAGES:
         root = Path(__file__).resolve().parents[1] / "configs" / stage
         defaults = load_config(stage)
+        embedded = tuple(f"{section}." for section in embedded_stages(root / "default.yaml"))
         for key, comment in read_comments(root / "default.yaml").items():
+            if key.startswith(embedded):
+                continue
             node = defaults
             for part in key.split("."):
                 node = node[part]

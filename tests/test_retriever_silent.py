@@ -3,6 +3,7 @@ all-grade-0 queries, float grades, trec_eval's relevance level, loss-name normal
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -88,6 +89,28 @@ def test_min_relevance_is_trec_eval_relevance_level():
     assert score_run(run, qrels, ["MRR@10"], min_relevance=1)[0]["MRR@10"] == 1.0
 
 
+@pytest.mark.parametrize("error,code", [("TrainingDiverged", 1), ("TrainingInterrupted", 130)])
+def test_train_reports_a_diverged_or_interrupted_run_like_pretrain(monkeypatch, tmp_path, capsys, error, code):
+    from gsdistill.pretrain import loop
+    from gsdistill.retriever import pipeline
+
+    def stop(cfg):
+        raise getattr(loop, error)("step 3: stopped")
+    monkeypatch.setattr(pipeline, "train_and_evaluate", stop)
+    assert main(["train", f"run.dir={tmp_path}", "threads=1"]) == code
+    assert "gsdistill retriever train: step 3: stopped" in capsys.readouterr().err
+
+
+def test_score_run_keeps_fractional_grades():
+    qrels = {"q": {"a": 0.5, "b": 1.5, "c": 0}}
+    run = {"q": {"a": 3.0, "b": 2.0, "c": 1.0}}
+    means, counts, _ = score_run(run, qrels, ["MRR@10", "Acc@1", "nDCG@10"], min_relevance=1)
+    ideal = 1.5 + 0.5 / math.log2(3)
+    assert means["nDCG@10"] == pytest.approx((0.5 + 1.5 / math.log2(3)) / ideal, abs=1e-4)  # 0.5 keeps its gain
+    assert means["MRR@10"] == 0.5 and means["Acc@1"] == 0.0  # 0.5 < 1: not relevant; 1.5 relevant
+    assert counts["queries_scored"] == 1
+
+
 def test_loss_name_is_normalised_once_for_registry_and_kind(tiny_beir):
     data = load_beir(tiny_beir)
     assert loss_kind("Wasserstein") == loss_kind("wasserstein") == "graded"
@@ -110,7 +133,7 @@ def test_threads_setting_reaches_torch(tiny_beir, tiny_encoder, tmp_path):
     torch.set_num_threads(2)
     try:
         assert main(["eval", f"data.path={tiny_beir}", f"model.encoder={tiny_encoder}", "eval.k=5",
-                     "train.threads=1", f"run.dir={tmp_path}"]) == 0
+                     "threads=1", f"run.dir={tmp_path}"]) == 0
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

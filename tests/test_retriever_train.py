@@ -39,8 +39,9 @@ def test_real_minilm_training_lowers_the_loss(tiny_beir, tmp_path):
     assert after < 0.8 * before, (before, after)
     rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
     assert len(rows) == 6 and {r["loss_name"] for r in rows} == {"sum_marg_lh"}
-    assert (tmp_path / "run" / "plots" / "loss.png").stat().st_size > 1000
-    assert (tmp_path / "run" / "config.yaml").is_file() and any((tmp_path / "run" / "tensorboard").iterdir())
+    assert (tmp_path / "run" / "plots" / "loss_terms.png").stat().st_size > 1000
+    assert (tmp_path / "run" / "config.yaml").is_file() and any((tmp_path / "run" / "tb").iterdir())
+    assert not (tmp_path / "run" / "checkpoints").exists()  # train.ckpt_every=0: no checkpoint unless stopped
 
 
 def test_grad_cache_equals_full_batch_gradients(tiny_beir, tiny_encoder):
@@ -184,9 +185,12 @@ def test_gradient_accumulation_steps_every_k_micro_batches(tiny_beir, tiny_encod
     cfg = retriever_cfg(tiny_beir, tmp_path, f"model.encoder={tiny_encoder}", "train.batch_size=2",
                         "train.accumulation=2", "train.epochs=2")
     trainer = RetrieverTrainer(cfg, data, tmp_path / "run", progress=False)
-    applied = []
-    real_apply = trainer._apply
-    monkeypatch.setattr(trainer, "_apply", lambda opt, sched: (applied.append(len(trainer.history)), real_apply(opt, sched)))
+    micro, updates = [], []
+    real_forward = trainer.engine.forward
+    monkeypatch.setattr(trainer.engine, "forward",
+                        lambda batch: (micro.append(len(batch["micro"])), real_forward(batch))[1])
+    trainer.engine.optimizer.register_step_post_hook(lambda *_: updates.append(len(micro)))
     trainer.fit()
-    # 6 queries / 2 = 3 micro-batches per epoch: steps after micro-batch 2 and after the epoch's last one
-    assert applied == [1, 2, 4, 5] and len(trainer.history) == 6
+    # 6 queries / 2 = 3 micro-batches per epoch: one update after micro-batches 1-2, one after the epoch's last
+    assert micro == [2, 1, 2, 1] and updates == [1, 2, 3, 4] and len(trainer.history) == 4
+    assert [r["epoch"] for r in trainer.history] == [0, 0, 1, 1]

@@ -4,16 +4,23 @@ For each model (the demo ViT of configs/pretrain/default.yaml and ViT-S/16 with 
 
 1. per-step breakdown from ``torch.profiler`` labels (data, student/teacher forwards, each loss
    term, backward, optimizer, EMA), averaged over the profiled steps;
-2. side by side in one run: the full training step (``Trainer`` with logging, finite checks,
+2. host syncs per training step (``gsdistill.losses.syncs.HostSyncCounter``: every value read
+   back and every data-dependent shape, as they would be on a GPU), with the losses' value checks
+   off after the first step as the loop does. Goal: <= 2 (the loop's two reads: the loss terms
+   before the update, the norms after it);
+3. side by side in one run: the full training step (``Trainer`` with logging, finite checks,
    schedules, EMA; batches already in memory) vs the bare compute it cannot avoid: student
    forward+backward and teacher forward through the same backbone and heads on the same views,
-   with no losses, EMA, optimizer, logging or data movement. Goal: full / bare <= 1.2;
-3. model FLOP/s of the step (FLOPs counted by ``torch.utils.flop_counter`` on the bare compute,
+   with no losses, EMA, optimizer, logging or data movement (goal: full / bare <= 1.2), and the
+   full step with ``train.compile=true`` (a compile failure is reported as a line);
+4. model FLOP/s of the step (FLOPs counted by ``torch.utils.flop_counter`` on the bare compute,
    divided by the full step time) as a share of the measured fp32 matmul FLOP/s;
-4. the data pipeline's time per batch (shards -> views -> collate) on synthetic pages, when the
+5. the data pipeline's time per batch (shards -> views -> collate) on synthetic pages, when the
    data package is available.
 
-    python tools/bench_pretrain.py [--steps 4] [--pages 4] [--models demo,vit_s16]
+Every goal ends as a ``PASS: ...`` or ``FAIL: ...`` line.
+
+    python tools/bench_pretrain.py [--steps 4] [--pages 4] [--models demo,vit_s16] [--no-compile]
 """
 from __future__ import annotations
 
@@ -28,7 +35,9 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 from gsdistill.config import load_config
-from gsdistill.models.gsdistill_model import GSDistill
+from gsdistill.losses import validation
+from gsdistill.losses.syncs import HostSyncCounter
+from gsdistill.models.gsdistill_model import GSDistill, masked_patch_index
 from gsdistill.models.vit_encoder import encode_views
 from gsdistill.pretrain.data_stream import FixedBatches, tensor_batch
 from gsdistill.pretrain.engine_torch import TorchEngine
@@ -55,22 +64,27 @@ def bare_step(model: GSDistill, batch: dict) -> None:
     glob, local, masks = batch["global_crops"], batch["local_crops"], batch["masks"]
     h, patches = encode_views(model.backbone, glob, masks, model.mask_token, with_patches=True)
     h_local = encode_views(model.backbone, local)[0]
-    outs = [model.dino_head(torch.cat([h, h_local])), model.dino_head(patches[masks])]
+    index = masked_patch_index(masks)
+    outs = [model.dino_head(torch.cat([h, h_local])), model.dino_head(patches.flatten(0, 1)[index])]
     for name, head in model.align.items():
         outs += [head.embed_pages(h), head.embed_text(batch[f"{name}_emb"])]
     with torch.no_grad():
         t_h, t_patches = encode_views(model.teacher["backbone"], glob, with_patches=True)
         t_local = encode_views(model.teacher["backbone"], local)[0]
         model.teacher["dino_head"](torch.cat([t_h, t_local]))
-        model.teacher["dino_head"](t_patches[masks])
+        model.teacher["dino_head"](t_patches.flatten(0, 1)[index])
     sum(o.float().sum() for o in outs).backward()
     model.zero_grad(set_to_none=True)
 
 
+def run_steps(trainer: Trainer, n: int) -> None:
+    trainer.plan.stop_after = trainer.step + n
+    trainer.fit()
+
+
 def breakdown(trainer: Trainer, steps: int) -> dict[str, float]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        trainer.cfg.train.stop_after = trainer.step + steps
-        trainer.fit()
+        run_steps(trainer, steps)
     times: dict[str, float] = {}
     for event in prof.key_averages():
         if event.key.startswith("gsdistill."):
@@ -78,22 +92,64 @@ def breakdown(trainer: Trainer, steps: int) -> dict[str, float]:
     return times
 
 
-def bench_model(name: str, steps: int, pages: int, run_root: Path, peak: float) -> None:
+def verdict(ok: bool, what: str) -> None:
+    print(f"{'PASS' if ok else 'FAIL'}: {what}")
+
+
+def make_trainer(name: str, pages: int, run_dir: Path, compiled: bool) -> tuple[Trainer, GSDistill, dict, object]:
     experiment, extra = MODELS[name]
-    cfg = load_config("pretrain", experiment, COMMON + extra + [f"optim.batch_size={pages}", "optim.steps=1000"])
+    cfg = load_config("pretrain", experiment, COMMON + extra + [f"optim.batch_size={pages}", "optim.steps=1000",
+                                                                 f"train.compile={str(compiled).lower()}"])
     torch.manual_seed(0)
     model = GSDistill(cfg)
     batch = tensor_batch(cfg, pages, seed=0, patch_size=int(model.backbone.patch_embed.patch_size[0]))
     engine = TorchEngine(model, cfg, torch.device("cpu"))
-    trainer = Trainer(cfg, run_root / name, engine, FixedBatches([batch]))
-    full_times, bare_times = [], []
-    for _ in range(steps + 1):  # alternate, so both see the same machine load; the first warms up
-        trainer.cfg.train.stop_after = trainer.step + 1
-        trainer.fit()
+    return Trainer(cfg, run_dir, engine, FixedBatches([batch])), model, batch, cfg
+
+
+def add_mask_index(trainer: Trainer) -> None:
+    for batch in trainer.batches.batches:
+        batch["mask_index"] = masked_patch_index(batch["masks"])
+
+
+def count_syncs(trainer: Trainer) -> HostSyncCounter:
+    """One step's host syncs; AdamW's step counters live on the CPU on every device: not counted."""
+    states = trainer.engine.optimizer.state.values()
+    steps = [s["step"] for s in states if isinstance(s.get("step"), torch.Tensor) and s["step"].device.type == "cpu"]
+    with HostSyncCounter(host_tensors=steps) as syncs:
+        run_steps(trainer, 1)
+    return syncs
+
+
+def bench_model(name: str, steps: int, pages: int, run_root: Path, peak: float, with_compile: bool) -> None:
+    trainer, model, batch, cfg = make_trainer(name, pages, run_root / name, False)
+    run_steps(trainer, 1)  # the first step runs with the losses' value checks, as in the loop
+    validation.set_checks(False)  # ... which turns them off after it (each fit() restores this state)
+    syncs_no_index = count_syncs(trainer)
+    # the iBOT mask's flat indices, computed on the host as the data pipeline can (DINOv2's collate
+    # does): spares the model's nonzero on the device
+    add_mask_index(trainer)
+    syncs = count_syncs(trainer)
+    compiled, compile_error = None, None
+    if with_compile:
+        try:
+            compiled = make_trainer(name, pages, run_root / f"{name}-compiled", True)[0]
+            add_mask_index(compiled)
+            t = time.perf_counter()
+            run_steps(compiled, 2)  # compiles (student, teacher, heads), then reuses
+            compile_s = time.perf_counter() - t
+        except Exception as e:  # noqa: BLE001 - a failed compile is a result, not a crash
+            compiled, compile_error = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    full_times, bare_times, comp_times = [], [], []
+    for _ in range(steps + 1):  # alternate, so all see the same machine load; the first warms up
+        run_steps(trainer, 1)
         full_times.append(trainer.history[-1]["step_s"])
         t = time.perf_counter()
         bare_step(model, batch)
         bare_times.append(time.perf_counter() - t)
+        if compiled is not None:
+            run_steps(compiled, 1)
+            comp_times.append(compiled.history[-1]["step_s"])
     full, bare = statistics.median(full_times[1:]), statistics.median(bare_times[1:])
     with FlopCounterMode(display=False) as counter:
         bare_step(model, batch)
@@ -108,10 +164,22 @@ def bench_model(name: str, steps: int, pages: int, run_root: Path, peak: float) 
                 "backward", "optimizer", "ema"):
         if key in parts:
             print(f"  {key:<15} {parts[key] * 1e3:9.1f} ms")
+    print(f"host syncs per step  {syncs.total} with the batch's mask_index, {syncs_no_index.total} without "
+          "(value checks off after step 1; AdamW's CPU step counters not counted; where:)")
+    for where, n in syncs.where.most_common(8):
+        print(f"  {n:3d}  {where}")
     print(f"full training step  {full * 1e3:9.1f} ms   (median of {steps})")
     print(f"bare compute        {bare * 1e3:9.1f} ms   ratio full/bare = {full / bare:.2f}x (goal <= 1.2x)")
+    if compiled is not None:
+        comp = statistics.median(comp_times[1:])
+        print(f"compiled full step  {comp * 1e3:9.1f} ms   eager / compiled = {full / comp:.2f}x "
+              f"(train.compile=true; first 2 steps incl. compiling: {compile_s:.1f} s)")
+    elif compile_error:
+        print(f"compiled full step  failed: {compile_error}")
     print(f"model FLOPs/step    {flops / 1e9:9.2f} GFLOP -> {flops / full / 1e9:.1f} GFLOP/s = "
           f"{100 * flops / full / peak:.1f}% of measured fp32 matmul ({peak / 1e9:.0f} GFLOP/s)")
+    verdict(full / bare <= 1.2, f"{name} full / bare = {full / bare:.2f}x (goal <= 1.2x)")
+    verdict(syncs.total <= 2, f"{name} host syncs per step = {syncs.total} (goal <= 2)")
 
 
 def bench_data(pages: int, run_root: Path) -> None:
@@ -138,12 +206,16 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=4)
     parser.add_argument("--models", default="demo,vit_s16")
     parser.add_argument("--no-data", action="store_true")
+    parser.add_argument("--no-compile", action="store_true", help="skip the train.compile=true timing")
     args = parser.parse_args()
     peak = matmul_flops()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul {peak / 1e9:.0f} GFLOP/s")
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
-            bench_model(name, args.steps, args.pages, Path(tmp), peak)
+        try:
+            for name in args.models.split(","):
+                bench_model(name, args.steps, args.pages, Path(tmp), peak, not args.no_compile)
+        finally:
+            validation.set_checks(True)
         if not args.no_data:
             bench_data(args.pages, Path(tmp))
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from gsdistill.config import load_config
-from gsdistill.losses import get_loss
 from gsdistill.models.text_encoder import default_encoder_path
 from gsdistill.retriever.beir import load_beir
 from gsdistill.retriever.groups import GroupSampler, TrainGroup
 from gsdistill.retriever.train import RetrieverTrainer
+from gsdistill.threads import apply_threads
 
 
 def triples(data, n: int) -> list[TrainGroup]:
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--docs", type=int, default=512)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a crowded machine)")
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     from sentence_transformers import SentenceTransformer
     try:  # the module moved in sentence-transformers 6
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
@@ -57,8 +57,6 @@ def main(argv: list[str] | None = None) -> int:
                                           f"model.passage_max_length={args.max_length}", "train.warmup_ratio=0"])
     ours = RetrieverTrainer(cfg, data, "/tmp/bench_retriever_unused", progress=False)
     ours.model.train()
-    opt_ours, sched = ours._optimizer(10 ** 6)
-    loss_ours = get_loss("single_lh")
 
     st = SentenceTransformer(str(default_encoder_path()), device=str(ours.device))
     st.max_seq_length = args.max_length
@@ -66,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     mnrl = MultipleNegativesRankingLoss(st, scale=20.0)
     opt_st = torch.optim.AdamW(st.parameters(), lr=1e-5, weight_decay=0.01, fused=True)
 
-    def step_ours(batch):
-        ours._step(loss_ours, "single_lh", batch, None)
-        ours._apply(opt_ours, sched)
+    def step_ours(batch):  # one step of the shared loop's engine: forward + backward, then clip + AdamW
+        terms = ours.engine.forward({"micro": [batch], "loss_name": "single_lh", "weak": None})
+        ours.engine.backward_step(terms["total"], 1.0e-5)
 
     def step_st(batch):
         tokenize = getattr(st, "preprocess", st.tokenize)  # sentence-transformers >= 6 renamed it

@@ -10,7 +10,8 @@ multi-positive cross-entropy SumMargLH), NCE, GCE, AGCE, AUL, LS, ELS, LR, NCE+A
 label weakening. The frozen passage tower's corpus embeddings are computed once and cached in OUT
 (keyed by encoder, max length, pooling and corpus size); mined negatives are cached in
 OUT/mined_negatives (keyed by what produced them). Results: OUT/results.csv (one line per run; a
-rerun skips runs already there), OUT/per_query/ (per-query nDCG@10 of every run), OUT/table.md.
+rerun skips runs already there), OUT/per_query/ (per-query nDCG@10 of every run), OUT/table.md and
+OUT/table.png (nDCG@10 per method).
 The Δ column is the mean paired nDCG@10 difference to zero-shot over the 40 queries (each query's
 difference averaged over seeds) with a 95% paired bootstrap interval; "> 0-shot" counts runs whose
 fold mean beats zero-shot's.
@@ -18,7 +19,6 @@ fold mean beats zero-shot's.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
@@ -33,6 +33,7 @@ from gsdistill.retriever.loading import load_retrieval_data, train_test_queries
 from gsdistill.retriever.pipeline import train_and_evaluate
 from gsdistill.retriever.significance import paired_bootstrap, paired_differences
 from gsdistill.retriever.train import build_model
+from gsdistill.run_log import append_row, bar_plot, read_rows
 
 NOISY = "noisy_sum_marg_lh"  # SumMargLH base with noise.ratio = 0.3
 ROWS = [  # (key, label, experiment file, extra overrides)
@@ -77,7 +78,7 @@ def corpus_embeddings(cfg, out: Path) -> torch.Tensor:
 def done_runs(results: Path) -> set[tuple[str, int, int]]:
     if not results.is_file():
         return set()
-    return {(r["key"], int(r["fold"]), int(r["seed"])) for r in csv.DictReader(open(results))}
+    return {(r["key"], int(r["fold"]), int(r["seed"])) for r in read_rows(results)}
 
 
 def run_all(args) -> list[dict]:
@@ -88,24 +89,18 @@ def run_all(args) -> list[dict]:
     base = load_config("retriever", "dbpedia_base", common)
     emb = corpus_embeddings(base, out)
     results, done = out / "results.csv", done_runs(out / "results.csv")
-    new_file = not results.is_file()
-    with open(results, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new_file:
-            writer.writeheader()
-        for key, label, exp, extra in ROWS:
-            if args.only and key not in args.only:
-                continue
-            for fold in range(args.folds):
-                for seed in ([0] if exp is None else args.seeds):
-                    if (key, fold, seed) in done:
-                        continue
-                    row = one_run(key, label, exp, extra, fold, seed, common, base, emb, out)
-                    writer.writerow(row)
-                    f.flush()
-                    print(f"{label:30s} fold {fold} seed {seed}: nDCG@10 {row['nDCG@10']:.4f} "
-                          f"({row['train_seconds']:.0f} s)", file=sys.stderr)
-    return list(csv.DictReader(open(results)))
+    for key, label, exp, extra in ROWS:
+        if args.only and key not in args.only:
+            continue
+        for fold in range(args.folds):
+            for seed in ([0] if exp is None else args.seeds):
+                if (key, fold, seed) in done:
+                    continue
+                row = one_run(key, label, exp, extra, fold, seed, common, base, emb, out)
+                append_row(results, row, FIELDS)  # one line per finished run: a rerun skips it
+                print(f"{label:30s} fold {fold} seed {seed}: nDCG@10 {row['nDCG@10']:.4f} "
+                      f"({row['train_seconds']:.0f} s)", file=sys.stderr)
+    return read_rows(results)
 
 
 def one_run(key, label, exp, extra, fold, seed, common, base, emb, out: Path) -> dict:
@@ -164,7 +159,18 @@ def write_table(rows: list[dict], out: Path) -> str:
         lines.append(f"| {label} | {len(mine)} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
+    plot_table(rows, out / "table.png")
     return table
+
+
+def plot_table(rows: list[dict], path: Path) -> Path | None:
+    """nDCG@10 of every method, mean ± sample std over its runs, as horizontal bars."""
+    keys = [(key, label) for key, label, _, _ in ROWS if any(r["key"] == key for r in rows)]
+    if not keys:
+        return None
+    runs = [[float(r["nDCG@10"]) for r in rows if r["key"] == key] for key, _ in keys]
+    return bar_plot(path, [label for _, label in keys],
+                    {"nDCG@10 (mean ± std over runs)": ([statistics.mean(v) for v in runs], [_sd(v) for v in runs])})
 
 
 def _sd(vals: list[float]) -> float:
@@ -185,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table-only", action="store_true", help="write the table from results.csv, run nothing")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = list(csv.DictReader(open(Path(args.out) / "results.csv"))) if args.table_only else run_all(args)
+    rows = read_rows(Path(args.out) / "results.csv") if args.table_only else run_all(args)
     print(write_table(rows, Path(args.out)))
     return 0
 

@@ -21,7 +21,8 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import gsdistill, torch, timm, ultralytics, deepspeed, pytest" >/dev/null 2>&1; then
+# a newer dependency (pytrec_eval, ...) missing from an older .venv installs the package again
+if ! .venv/bin/python -c "import gsdistill, torch, timm, ultralytics, deepspeed, pytrec_eval, pytest" >/dev/null 2>&1; then
   echo "[setup] pip install -e .[dev] (first time: ~2-5 minutes, ~7 GB with CUDA torch)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[dev]"

@@ -124,6 +124,8 @@ def main(argv: list[str]) -> int:
         from gsdistill.config import load_config
         cfg = load_config("detect", args.config, args.overrides)  # config errors before the heavy imports
         from gsdistill.detect import pipeline
+        from gsdistill.threads import apply_threads
+        apply_threads(cfg.threads, int(cfg.workers), ultralytics=True)
         if args.command == "export":
             path = pipeline.export_detector(cfg.backbone, _names(args.names), cfg, args.out)
             info = json.loads(path.with_name("params.json").read_text())

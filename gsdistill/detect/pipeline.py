@@ -21,6 +21,7 @@ from ultralytics import YOLO  # noqa: E402
 from ultralytics.utils.files import increment_path  # noqa: E402
 
 from gsdistill.config import save_config, to_dict  # noqa: E402
+from gsdistill.device import resolve_device as torch_device  # noqa: E402
 from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml  # noqa: E402
 from gsdistill.detect.evaluate import param_counts, validate  # noqa: E402,F401  (validate: public entry point)
 from gsdistill.detect.run_logging import add_run_callbacks  # noqa: E402
@@ -30,10 +31,12 @@ from gsdistill.models.backbone import backbone_kwargs, create_backbone, load_bac
 
 
 def resolve_device(device: str | None) -> str:
-    """Ultralytics device string: the configured one, else CUDA 0 when present, else cpu."""
-    if device not in (None, ""):
+    """Ultralytics device string of ``device``: CUDA indices (``"0"``, ``"0,1"``) as given; any other
+    name through :func:`gsdistill.device.resolve_device` (null/auto: CUDA 0 when present, else cpu)."""
+    if device not in (None, "") and all(p.strip().isdigit() for p in str(device).split(",")):
         return str(device)
-    return "0" if torch.cuda.is_available() else "cpu"
+    d = torch_device(device)
+    return d.type if d.type in ("cpu", "mps") else str(d.index)
 
 
 def _backbone(backbone_dir: str | Path | None, cfg: DictConfig) -> tuple[str, dict, torch.nn.Module]:

@@ -1,14 +1,16 @@
-"""Run logging around Ultralytics' trainer: parameter counts, TensorBoard scalars, a PNG of the curves.
+"""Run logging around Ultralytics' trainer: parameter counts, TensorBoard scalars, a PNG of the curves
+(both through the shared layer, :mod:`gsdistill.run_log`).
 
 Ultralytics already writes ``results.csv`` (one row per epoch) and shows progress bars; these
 callbacks add what it leaves to optional integrations, without touching its global settings.
 """
 from __future__ import annotations
 
-import csv
 import json
 import time
 from pathlib import Path
+
+from gsdistill.run_log import Line, Panel, RunLog, line_plot, read_rows
 
 
 def _write_params(trainer, run_dir: Path) -> None:
@@ -22,29 +24,17 @@ def _write_params(trainer, run_dir: Path) -> None:
 
 def plot_results(results_csv: Path, out_png: Path) -> Path | None:
     """Loss and mAP curves of an Ultralytics ``results.csv``; None when it has no rows yet."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with open(results_csv) as f:
-        rows = [{k.strip(): v for k, v in r.items()} for r in csv.DictReader(f)]
+    rows = read_rows(results_csv)
     if not rows:
         return None
     epochs = [float(r["epoch"]) for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for key in [k for k in rows[0] if k.startswith(("train/", "val/"))]:
-        axes[0].plot(epochs, [float(r[key]) for r in rows], label=key)
-    for key in [k for k in rows[0] if k.startswith("metrics/mAP")]:
-        axes[1].plot(epochs, [float(r[key]) for r in rows], marker="o", label=key)
-    axes[0].set(xlabel="epoch", title="losses")
-    axes[1].set(xlabel="epoch", title="validation mAP")
-    for ax in axes:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
-    return out_png
+
+    def lines(keys, marker=None):
+        return [Line(k, epochs, [float(r[k]) for r in rows], marker=marker) for k in keys]
+
+    losses = Panel("losses", lines(k for k in rows[0] if k.startswith(("train/", "val/"))), xlabel="epoch")
+    maps = Panel("validation mAP", lines((k for k in rows[0] if k.startswith("metrics/mAP")), "o"), xlabel="epoch")
+    return line_plot(out_png, [losses, maps], panel_size=(5.0, 4.0))
 
 
 def _read_report(path: Path) -> dict:
@@ -92,12 +82,10 @@ def add_run_callbacks(model, run_dir: Path) -> None:
 
     def on_fit_epoch_end(trainer):
         if state["writer"] is None:  # one writer (one event file) per run, closed at the end
-            from torch.utils.tensorboard import SummaryWriter
-            state["writer"] = SummaryWriter(str(run_dir / "tensorboard"))
+            state["writer"] = RunLog(run_dir, csv_name=None, tb_dir="tensorboard", prefix="")
         scalars = {**trainer.label_loss_items(trainer.tloss, prefix="train"), **(trainer.metrics or {})}
         scalars["optimizer_steps"] = state["steps"]
-        for key, value in scalars.items():
-            state["writer"].add_scalar(key, float(value), trainer.epoch + 1)
+        state["writer"].log(trainer.epoch + 1, {k: float(v) for k, v in scalars.items()})
         state["writer"].flush()
         if trainer.epoch < trainer.epochs:  # final_eval re-runs this at epochs + 1 to log best.pt's metrics
             state["steps_at_epoch"] = state["steps_at_epoch"][:trainer.epoch] + [state["steps"]]

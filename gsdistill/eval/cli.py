@@ -23,10 +23,13 @@ def _retrieval(args: argparse.Namespace) -> int:
     from gsdistill.eval import splits
     from gsdistill.eval.page_report import write_report
     from gsdistill.models.text_encoder import TextEncoder
-    from gsdistill.eval.page_retrieval import CachedTextEncoder, evaluate_page_retrieval, resolve_device
+    from gsdistill.device import resolve_device
+    from gsdistill.eval.page_retrieval import CachedTextEncoder, evaluate_page_retrieval
     from gsdistill.pretrain.checkpoint import load_pretrained
 
     cfg = load_config("eval", args.config, args.overrides)
+    from gsdistill.threads import apply_threads
+    apply_threads(cfg.threads)
     labels = args.label or [Path(m).name for m in args.model]
     if len(labels) != len(args.model):
         raise SystemExit(f"gsdistill eval retrieval: {len(args.model)} --model but {len(labels)} --label")
@@ -44,9 +47,10 @@ def _retrieval(args: argparse.Namespace) -> int:
             if train_shards is not None:
                 splits.check_held_out(eval_docs, splits.document_ids(train_shards),
                                       f"{pages_dir} vs the pretraining data of {model_dir} ({origin})")
-        model_cfg = cfg.copy()
-        if model_cfg.retrieval.image_size is None:
-            model_cfg.retrieval.image_size = int((run_cfg.get("views") or {}).get("global_size") or 224)
+        model_cfg = cfg
+        if cfg.retrieval.image_size is None:  # the run's view size, through the loader as any setting
+            size = int((run_cfg.get("views") or {}).get("global_size") or 224)
+            model_cfg = load_config("eval", args.config, [*args.overrides, f"retrieval.image_size={size}"])
         print(f"[eval] {label}: {model_dir} on {pages_dir}", file=sys.stderr)
         model = load_pretrained(model_dir)
         name = getattr(model, "text_encoder_name", None)

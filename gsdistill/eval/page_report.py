@@ -5,13 +5,13 @@
 """
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import numpy as np
 
 from gsdistill.eval.page_retrieval import MEASURES
+from gsdistill.run_log import Line, Panel, line_plot, write_rows
 
 SCORING_NAMES = {"multi_positive": "per crop (multi-positive)",
                  "single_positive": "concatenated (single-positive)"}
@@ -111,31 +111,19 @@ def _ks(results: dict[str, dict]) -> list[int]:
 
 def plot_acc_vs_k(results: dict[str, dict], path: str | Path, measure: str = "Acc@1") -> Path:
     """Accuracy vs crops per query, one line per (model, scoring), error bars = std over seeds."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     rows = summary_rows(results)
-    fig, ax = plt.subplots(figsize=(6, 4))
     colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(r["model"] for r in rows))}
+    lines = []
     for model, scoring in dict.fromkeys((r["model"], r["scoring"]) for r in rows):
         sel = sorted((r for r in rows if r["model"] == model and r["scoring"] == scoring), key=lambda r: r["k"])
-        ax.errorbar([r["k"] for r in sel], [100 * r[f"{measure}_mean"] for r in sel],
-                    yerr=[100 * r[f"{measure}_std"] for r in sel], marker="o", capsize=3, color=colors[model],
-                    linestyle="-" if scoring == "multi_positive" else "--",
-                    label=f"{model}, {SCORING_NAMES.get(scoring, scoring)}")
+        lines.append(Line(f"{model}, {SCORING_NAMES.get(scoring, scoring)}", [r["k"] for r in sel],
+                          [100 * r[f"{measure}_mean"] for r in sel], err=[100 * r[f"{measure}_std"] for r in sel],
+                          color=colors[model], style="-" if scoring == "multi_positive" else "--"))
     first = next(iter(results.values()))
-    ax.axhline(100 * first["chance_acc1"], color="grey", linewidth=0.8, linestyle=":", label="chance")
-    ax.set_xlabel("text crops per query (k)")
-    ax.set_ylabel(f"{measure} (%)")
-    ax.set_title(f"Crop-subsampled page retrieval, {first['n_gallery']} pages")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    panel = Panel(f"Crop-subsampled page retrieval, {first['n_gallery']} pages", lines,
+                  xlabel="text crops per query (k)", ylabel=f"{measure} (%)",
+                  hlines={"chance": 100 * first["chance_acc1"]})
+    return line_plot(path, [panel], panel_size=(6.0, 4.0), dpi=120, grid=True)
 
 
 def write_report(results: dict[str, dict], out_dir: str | Path) -> dict[str, Path]:
@@ -145,11 +133,7 @@ def write_report(results: dict[str, dict], out_dir: str | Path) -> dict[str, Pat
     paths = {"json": out / "results.json", "csv": out / "metrics.csv", "table": out / "table.md",
              "plot": out / "acc_vs_k.png"}
     paths["json"].write_text(json.dumps(results, indent=2, default=str))
-    rows = summary_rows(results)
-    with open(paths["csv"], "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(paths["csv"], summary_rows(results))
     paired = paired_table(results)
     if paired:
         paired = ("\nPaired Acc@1 differences in points, B − A on the same queries (hits averaged over "

@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from tqdm import tqdm
 
+from gsdistill.device import resolve_device
 from gsdistill.eval import index, metrics
 from gsdistill.eval.page_gallery import page_crops, select_gallery  # noqa: F401  (public here too)
 
@@ -130,12 +131,6 @@ def to_run(scores: torch.Tensor, ids: torch.Tensor, page_ids: list[str]) -> dict
     return run
 
 
-def resolve_device(name: str | None) -> torch.device:
-    if name in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 @torch.no_grad()
 def embed_gallery(model, images: list[torch.Tensor], device: torch.device, batch_size: int = 32,
                   progress: bool = True) -> torch.Tensor:
@@ -229,39 +224,29 @@ def embedding_spread(emb: torch.Tensor) -> dict[str, float]:
     return {"mean_pairwise_cos": mean_cos, "effective_rank": float(torch.exp(-(p * p.clamp_min(1e-30).log()).sum()))}
 
 
-def _section(cfg):
-    """The ``retrieval`` section of an eval config (or the section itself), as a plain dict."""
-    from omegaconf import DictConfig, OmegaConf
-    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    return dict(data.get("retrieval", data))
-
-
 def evaluate_page_retrieval(model, pages: Iterable[dict], text_encoder=None, cfg=None,
                             progress: bool = True) -> dict:
     """Per-k, per-scoring retrieval metrics of ``model`` on held-out ``pages`` (see module doc).
 
     ``model``: has ``embed_pages(float[B,3,S,S]) -> [B,D]`` and ``embed_text_sem(float[M,Dt]) -> [M,D]``;
     ``text_encoder``: has ``encode(texts, batch_size) -> float[M, Dt]`` (default: a ``TextEncoder``
-    named by ``model.text_encoder_name``); ``cfg``: the eval config or its ``retrieval`` section.
+    named by ``model.text_encoder_name``); ``cfg``: the eval config as ``gsdistill.config.load_config
+    ("eval", ...)`` resolves and checks it (None: its defaults).
     Returns ``{"summary": {scoring: {k: {measure: {"mean", "std"}}}}, "per_seed": {scoring: {k:
     {seed: {measure: value}}}}, "crops_per_query": {k: mean}, "n_gallery", "chance_acc1", counts...}``.
     """
-    from omegaconf import OmegaConf
-    from gsdistill.config import configs_dir
-    c = _section(OmegaConf.load(configs_dir() / "eval" / "default.yaml"))
-    user = _section(cfg or {})
-    unknown = sorted(set(user) - set(c) - {"out_dir"})
-    if unknown:
-        import difflib
-        hints = {u: difflib.get_close_matches(u, list(c), n=1) for u in unknown}
-        raise ValueError("unknown retrieval config key(s): " + ", ".join(
-            u + (f" (did you mean '{h[0]}'?)" if h else "") for u, h in hints.items()))
-    c.update(user)
+    from omegaconf import DictConfig, OmegaConf
+    if cfg is None:
+        from gsdistill.config import load_config
+        cfg = load_config("eval")
+    if not isinstance(cfg, DictConfig) or "retrieval" not in cfg:
+        raise TypeError("cfg must be the eval config from gsdistill.config.load_config('eval', ...), "
+                        f"got {type(cfg).__name__}")
+    c = OmegaConf.to_container(cfg.retrieval, resolve=True)
     for s in c["scorings"]:
         if s not in SCORINGS:
             raise ValueError(f"unknown scoring '{s}'; choose from {', '.join(SCORINGS)}")
-    if c["aggregation"] not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation '{c['aggregation']}'; choose one of {', '.join(AGGREGATIONS)}")
+    # the loader checked types, ranges and the one-word choices; list elements are checked here
     device = resolve_device(c["device"])
     if hasattr(model, "to"):
         model = model.to(device)

@@ -4,7 +4,9 @@ Conventions: ``scores: float[B, N]`` are logits (see ``LogitScale``); ``positive
 ``bool[B, N]``; graded ``labels: float[B, N]`` (grades >= 0). Multi-positive, graded and noisy-label
 losses record ``last_stats`` (anchors used / without positive / without negative) after each
 forward. ``LOSSES`` maps snake_case names to classes, ``LOSS_KIND`` names to
-multi_positive / graded / noisy / distill / reg.
+multi_positive / graded / noisy / distill / reg. Inputs are value-checked (NaN/inf, grades) unless
+``validation.set_checks(False)``: then the pretraining losses run without a host sync
+(``syncs.HostSyncCounter`` counts them).
 """
 from gsdistill.losses.bce import MultiPositiveBCE, multi_positive_bce
 from gsdistill.losses.centering import TeacherCentering, sinkhorn_knopp

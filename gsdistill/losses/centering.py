@@ -1,6 +1,7 @@
 """Teacher targets for self-distillation: softmax centering (EMA centre) and Sinkhorn-Knopp.
 
-DINOv2 semantics (see NOTES.md), world-aware: under ``torch.distributed`` the batch statistics
+DINOv2 semantics (``dinov2/loss/dino_clstoken_loss.py``: ``softmax_center_teacher``,
+``sinkhorn_knopp_teacher``, ``update_center``; paper 003 §4.3), world-aware: under ``torch.distributed`` the batch statistics
 (centre mean, Sinkhorn totals and prototype sums, global batch size) are all-reduced, so N ranks
 with B rows each produce what one process with N*B rows would.
 """
@@ -13,7 +14,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from gsdistill.losses.gather import all_reduce_sum, is_distributed
-from gsdistill.losses.validation import check_scores
+from gsdistill.losses.validation import check_scores, checks_enabled
 
 
 def _all_reduce_max(x: Tensor) -> Tensor:
@@ -40,7 +41,8 @@ def _global_logsumexp_over_batch(x: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3) -> Tensor:
+def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3,
+                   logit_bound: float | None = None) -> Tensor:
     """Sinkhorn-Knopp teacher targets, ``[B, K]`` logits -> ``[B, K]`` probabilities (rows sum to 1).
 
     ``Q = exp(t / T)^T`` (``[K, B]``); ``Q /= sum(Q)``; ``n_iters`` times: each prototype row
@@ -53,6 +55,10 @@ def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3)
     DINO head's last layer is weight-normalised, so its logits are bounded) it runs in the exp
     domain after subtracting the global max, as DINOv2 does; otherwise the same arithmetic runs in
     the log domain (each division a logsumexp subtraction), so no input overflows or underflows.
+    ``logit_bound``: a known bound on ``|t|`` (1 for the DINO head: cosines). When
+    ``2 * logit_bound / T <= 60`` the exp domain is chosen without reading the logits' range
+    back (a host sync on a GPU); with value checks off (``validation.set_checks``) and no such
+    bound the log domain is used, again with no host sync.
     """
     check_scores("sinkhorn_knopp", teacher_logits)
     if temperature <= 0 or n_iters < 1:
@@ -61,12 +67,19 @@ def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3)
     dtype = torch.float64 if teacher_logits.dtype == torch.float64 else torch.float32
     x = teacher_logits.detach().to(dtype)
     n_protos = x.shape[1]
-    n_global = int(all_reduce_sum(torch.tensor(x.shape[0], device=x.device)).item())
+    n_global = x.shape[0]
+    if is_distributed():
+        n_global = int(all_reduce_sum(torch.tensor(x.shape[0], device=x.device)).item())
     if n_global == 0:  # every rank agrees (the count is all-reduced), so none waits in a collective
         return teacher_logits.detach().clone()
     peak = _all_reduce_max(_local_max(x))
-    span = (peak + _all_reduce_max(_local_max(-x))) / temperature
-    if float(span) <= _EXP_SAFE_SPAN:
+    if logit_bound is not None and 2.0 * logit_bound / temperature <= _EXP_SAFE_SPAN:
+        exp_domain = True
+    elif checks_enabled():
+        exp_domain = float((peak + _all_reduce_max(_local_max(-x))) / temperature) <= _EXP_SAFE_SPAN
+    else:
+        exp_domain = False
+    if exp_domain:
         return _sinkhorn_exp(x, peak, temperature, n_iters, n_protos, n_global).to(teacher_logits.dtype)
     log_q = x / temperature  # [B, K]: log Q^T up to a constant
     log_k, log_b = math.log(n_protos), math.log(n_global)
@@ -109,13 +122,14 @@ class TeacherCentering(nn.Module):
 
     @torch.no_grad()
     def teacher_probs(self, teacher_logits: Tensor, teacher_temp: float,
-                      centering: str = "sinkhorn_knopp", n_iters: int = 3) -> Tensor:
+                      centering: str = "sinkhorn_knopp", n_iters: int = 3,
+                      logit_bound: float | None = None) -> Tensor:
         """``[B, K]`` teacher logits -> ``[B, K]`` targets.
 
         ``"softmax"``: ``softmax((t - c) / T)`` with the current centre c, then
         ``c <- m c + (1 - m) mean_batch(t)`` (mean over all ranks), so step k uses step k-1's
-        centre (DINOv2). ``"sinkhorn_knopp"``: ``sinkhorn_knopp(t, T, n_iters)``; the centre is
-        left alone.
+        centre (DINOv2). ``"sinkhorn_knopp"``: ``sinkhorn_knopp(t, T, n_iters, logit_bound)``; the
+        centre is left alone.
         """
         name = type(self).__name__
         check_scores(f"{name}.teacher_probs", teacher_logits)
@@ -123,7 +137,7 @@ class TeacherCentering(nn.Module):
             raise ValueError(f"{name}: teacher logits shape {tuple(teacher_logits.shape)} does not "
                              f"match out_dim {self.out_dim}")
         if centering == "sinkhorn_knopp":
-            return sinkhorn_knopp(teacher_logits, teacher_temp, n_iters)
+            return sinkhorn_knopp(teacher_logits, teacher_temp, n_iters, logit_bound)
         if centering != "softmax":
             raise ValueError(f"{name}: centering must be 'softmax' or 'sinkhorn_knopp', "
                              f"got {centering!r}")
@@ -139,8 +153,13 @@ class TeacherCentering(nn.Module):
     def update_center(self, teacher_logits: Tensor) -> None:
         """EMA of the global batch mean of the teacher logits."""
         total = all_reduce_sum(teacher_logits.detach().float().sum(dim=0, keepdim=True))
-        count = all_reduce_sum(torch.tensor(float(teacher_logits.shape[0]), device=total.device))
-        if float(count) == 0:  # no row on any rank (no masked patch): nothing to average
-            return
+        if not is_distributed():  # the row count is known on the host: no sync
+            if teacher_logits.shape[0] == 0:
+                return
+            count = teacher_logits.shape[0]
+        else:
+            count = all_reduce_sum(torch.tensor(float(teacher_logits.shape[0]), device=total.device))
+            if float(count) == 0:  # no row on any rank (no masked patch): nothing to average
+                return
         batch_mean = (total / count).to(self.center.device)
         self.center.mul_(self.center_momentum).add_(batch_mean, alpha=1.0 - self.center_momentum)

@@ -47,11 +47,10 @@ class DINOLoss(TeacherCentering):
         targets = torch.stack(teacher_probs).detach().to(log_p.dtype)
         # [S, T] matrix of batch-mean cross-entropies without a [S, T, B, K] tensor
         ce = -torch.einsum("sbk,tbk->st", log_p, targets) / shape[0]
-        keep = torch.ones_like(ce, dtype=torch.bool)
-        if ignore_diagonal:
-            n = min(ce.shape)
-            keep[torch.arange(n), torch.arange(n)] = False
-        if not bool(keep.any()):
+        n_pairs = ce.numel() - (min(ce.shape) if ignore_diagonal else 0)  # known on the host
+        if n_pairs == 0:
             raise ValueError("DINOLoss: no (student, teacher) pair left once same-view pairs are "
                              "excluded; give more views or ignore_diagonal=False")
-        return ce[keep].mean().to(student_logits[0].dtype)
+        if ignore_diagonal:  # a zero-diagonal sum, not a boolean selection: no host sync
+            ce = ce * (1.0 - torch.eye(*ce.shape, dtype=ce.dtype, device=ce.device))
+        return (ce.sum() / n_pairs).to(student_logits[0].dtype)

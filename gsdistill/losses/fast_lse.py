@@ -106,3 +106,37 @@ def logsumexp_excluding(x: Tensor, rows: Tensor, cols: Tensor, valid: Tensor | N
     """``log sum_{n valid, (b, n) not excluded} exp(x[b, n])`` -> ``[B]``; gradient = softmax over
     that set (``lse_minus_linear`` without linear terms)."""
     return _LseMinusLinear.apply(x, rows, cols, valid, None, None, None, None)
+
+
+class _PositiveMassNLL(torch.autograd.Function):
+    # in place wherever possible: on the CPU each fresh [B, N] float64 buffer costs page faults
+    @staticmethod
+    def forward(ctx, x, pos, valid, used):  # noqa: D102
+        probs = x.detach().to(torch.float64, copy=True)
+        if valid is not None:
+            probs.masked_fill_(~valid, -torch.inf)
+        probs.sub_(probs.amax(dim=1, keepdim=True)).exp_()  # float64 keeps positives down to e^-700
+        probs.div_(probs.sum(dim=1, keepdim=True))
+        mass = pos.to(torch.float64).mul_(probs).sum(dim=1)  # same dtypes: mixed bool ops are slow
+        mass = torch.where(used, mass, torch.ones_like(mass))  # rows without a positive: 0, no NaN
+        ctx.save_for_backward(probs, pos, mass)
+        ctx.in_dtype = x.dtype
+        half = x.dtype in (torch.float16, torch.bfloat16)  # as candidate_log_probs: float32 out
+        return (-torch.log(mass)).to(torch.float32 if half else x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        probs, pos, mass = ctx.saved_tensors
+        scale = grad.to(probs.dtype)[:, None]
+        # d/dx of -log sum_P softmax = softmax - [n in P] softmax / mass
+        grad_x = pos.to(probs.dtype).mul_(-scale / mass[:, None]).add_(scale).mul_(probs)
+        return grad_x.to(ctx.in_dtype), None, None, None
+
+
+def positive_mass_nll(x: Tensor, pos: Tensor, valid: Tensor | None, used: Tensor) -> Tensor:
+    """``-log sum_{n in P_b} softmax(x_b)_n`` per row -> ``[B]`` (SumMargLH), from one fused float64
+    softmax with a hand-written backward: no gathered slots, so no host sync (the dense path that
+    ``sum_marg_lh`` takes with value checks off). ``pos``: ``bool[B, N]`` positives (valid ones);
+    rows with ``used == False`` give 0 with zero gradient. A positive mass below float64's range
+    (log-probability < -700) gives inf, which the training loop reports as divergence."""
+    return _PositiveMassNLL.apply(x, pos, valid, used)

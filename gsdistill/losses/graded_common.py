@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from gsdistill.losses.masks import PositiveSet, graded_entries, positive_set
-from gsdistill.losses.validation import all_finite, check_like, check_scores
+from gsdistill.losses.validation import all_finite, check_like, check_scores, checks_enabled
 
 
 class GradedPrepared(NamedTuple):
@@ -36,21 +36,24 @@ def prepare_graded(name: str, scores: Tensor, labels: Tensor, valid: Tensor | No
     labels = labels.to(device=scores.device, dtype=scores.dtype)
     valid = check_like(name, "valid", scores, valid, "bool")
     seen = labels if valid is None else labels.masked_fill(~valid, 0.0)
-    if seen.numel() == 0:
-        low = high = torch.zeros((), dtype=seen.dtype, device=seen.device)
-    else:  # one pass; a NaN or inf entry shows up in one of them
-        low, high = torch.aminmax(seen)
-    if not (all_finite(low) and all_finite(high)):
-        raise ValueError(f"{name}: labels contain NaN/inf values")
-    if bool(low < 0):
-        raise ValueError(f"{name}: labels must be relevance grades >= 0, got min {float(low)}")
+    if checks_enabled():  # value checks read back to the host (validation.set_checks)
+        if seen.numel() == 0:
+            low = high = torch.zeros((), dtype=seen.dtype, device=seen.device)
+        else:  # one pass; a NaN or inf entry shows up in one of them
+            low, high = torch.aminmax(seen)
+        if not (all_finite(low) and all_finite(high)):
+            raise ValueError(f"{name}: labels contain NaN/inf values")
+        if bool(low < 0):
+            raise ValueError(f"{name}: labels must be relevance grades >= 0, got min {float(low)}")
     pset = positive_set(entries=graded_entries(seen), batch=scores.shape[0])
     n_valid = valid.sum(dim=1) if valid is not None else torch.full_like(pset.count, scores.shape[1])
     used = pset.count > 0
     if stats is not None:
-        n_used = int(used.sum())
-        stats.update(anchors_used=n_used, anchors_without_positive=int(used.numel() - n_used),
-                     anchors_without_negative=int((used & (pset.count == n_valid)).sum()))
+        n_used = used.sum()
+        stats.update(anchors_used=n_used, anchors_without_positive=used.numel() - n_used,
+                     anchors_without_negative=(used & (pset.count == n_valid)).sum())
+        if checks_enabled():  # Python numbers; with checks off 0-dim tensors (no host sync)
+            stats.update({k: int(v) for k, v in stats.items() if k.startswith("anchors_")})
     return GradedPrepared(valid, seen, pset, n_valid, used)
 
 

@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from gsdistill.losses.centering import TeacherCentering
-from gsdistill.losses.validation import check_scores
+from gsdistill.losses.validation import check_scores, checks_enabled
 
 
 class IBOTPatchLoss(TeacherCentering):
@@ -36,7 +36,9 @@ class IBOTPatchLoss(TeacherCentering):
         check_scores("IBOTPatchLoss teacher", teacher_patch_probs)
         if not isinstance(masks, Tensor) or masks.dtype != torch.bool or masks.dim() != 2:
             raise ValueError("IBOTPatchLoss: masks must be a bool tensor [B, P]")
-        n_masked = int(masks.sum())
+        # the row count is known on the host; with checks off it is trusted (reading masks.sum()
+        # back would be a host sync on a GPU)
+        n_masked = int(masks.sum()) if checks_enabled() else student_patch_logits.shape[0]
         if student_patch_logits.shape != teacher_patch_probs.shape:
             raise ValueError(f"IBOTPatchLoss: student shape {tuple(student_patch_logits.shape)} "
                              f"does not match teacher shape {tuple(teacher_patch_probs.shape)}")
@@ -52,6 +54,7 @@ class IBOTPatchLoss(TeacherCentering):
         log_p = torch.log_softmax(logits / self.student_temp, dim=-1)
         ce = -(teacher_patch_probs.detach().to(log_p.dtype) * log_p).sum(dim=-1)
         per_image = masks.sum(dim=1)
-        image_of_patch = masks.nonzero()[:, 0]
+        image_of_patch = torch.repeat_interleave(  # masks.nonzero()[:, 0] with no host sync
+            torch.arange(masks.shape[0], device=masks.device), per_image, output_size=n_masked)
         weights = 1.0 / per_image[image_of_patch].to(ce.dtype)
         return ((weights * ce).sum() / masks.shape[0]).to(student_patch_logits.dtype)

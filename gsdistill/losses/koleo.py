@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gsdistill.losses.validation import check_scores
+from gsdistill.losses.validation import big_negative, check_scores
 
 
 def _check_x(name: str, x: Tensor) -> None:
@@ -70,8 +70,10 @@ class KoLeoHybridLoss(nn.Module):
         z = F.normalize(x, p=2, dim=-1)
         sims = z @ z.t()
         off_diag = ~torch.eye(n, dtype=torch.bool, device=x.device)
-        repulsion = torch.logsumexp(sims[off_diag], dim=0) - math.log(n * (n - 1))
+        # masked reductions, not boolean selections: no host sync (n >= 2, so a row is never empty)
+        off_sims = sims.masked_fill(~off_diag, big_negative(sims.dtype))
+        repulsion = torch.logsumexp(off_sims.flatten(), dim=0) - math.log(n * (n - 1))
         related = (group_ids[:, None] == group_ids[None, :].to(x.device)) & off_diag
-        n_pairs = int(related.sum())
-        attraction = (1.0 - sims[related]).sum() / n_pairs if n_pairs else sims.sum() * 0.0
+        n_pairs = related.sum().clamp(min=1).to(sims.dtype)
+        attraction = torch.where(related, 1.0 - sims, torch.zeros_like(sims)).sum() / n_pairs
         return self.alpha * repulsion + self.beta * attraction

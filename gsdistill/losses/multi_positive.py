@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gsdistill.losses.fast_lse import logsumexp_excluding, lse_minus_linear
+from gsdistill.losses.fast_lse import logsumexp_excluding, lse_minus_linear, positive_mass_nll
 from gsdistill.losses.masks import PositiveSet, fill_stats, positive_set, prepare_dense, prepare_masks
 from gsdistill.losses.validation import big_negative, check_like, check_scores, checks_enabled, mean_over
 
@@ -45,14 +45,13 @@ def sum_marg_lh(scores: Tensor, positives: Tensor, valid: Tensor | None = None,
     """SumMargLH = MPCL: ``-log( sum_{p in P} e^{s_p} / sum_{d in P u N} e^{s_d} )``.
 
     Paper 000 eq. 7 (gradient eq. 11), paper 003 §4.1 (MPCL). Shapes: see module docstring.
-    With checks off (``validation.set_checks``): a dense ``[B, N]`` masked log-sum-exp instead of
-    gathered slots, the same value with no host sync (no ``nonzero``, no slot count read back).
+    With checks off (``validation.set_checks``): ``fast_lse.positive_mass_nll``, one dense float64
+    softmax instead of gathered slots, the same value with no host sync (no ``nonzero``, no slot
+    count read back).
     """
     if not checks_enabled():
         valid, pos, used = prepare_dense("SumMargLH", scores, positives, valid, stats)
-        log_probs = candidate_log_probs(scores, valid)
-        per_anchor = -torch.logsumexp(log_probs.masked_fill(~pos, big_negative(log_probs.dtype)), dim=1)
-        return mean_over(per_anchor, used, scores)
+        return mean_over(positive_mass_nll(scores, pos, valid, used), used, scores)
     prep = prepare_masks("SumMargLH", scores, positives, valid, stats)
     log_probs = candidate_log_probs(scores, prep.valid)
     slots = _slot_values(log_probs, prep.pset.idx, prep.pset.ok, big_negative(scores.dtype))
@@ -108,7 +107,7 @@ def single_positive_nll(name: str, scores: Tensor, chosen: Tensor, positives: Te
     if chosen.shape != (batch,):
         raise ValueError(f"{name}: positive_index shape {tuple(chosen.shape)} does not match "
                          f"scores rows ({batch},) of scores shape {tuple(scores.shape)}")
-    if bool((chosen >= n_cand).any()):
+    if checks_enabled() and bool((chosen >= n_cand).any()):
         raise ValueError(f"{name}: positive_index has values >= N={n_cand}")
     valid = check_like(name, "valid", scores, valid, "bool")
     chosen = chosen.to(scores.device)

@@ -8,9 +8,16 @@ the vast majority (in-batch documents), so j is split in two parts:
   drawn uniformly with replacement per anchor (``[#positives, k]``), their sum rescaled by
   ``#grade-0 / #drawn`` -- an unbiased estimate of the exact sum, O(#positives * k) instead of
   O(#positives * N) time and memory. Tests check the exact mode against explicit double loops
-  and the sampled mode's mean against the exact value. Exact mode costs about #positives / B
-  cross-entropies' worth of transcendental work (``tools/bench_losses.py``): no factorisation
-  exists for ``softplus`` / ``sigmoid`` of pair differences, unlike LSEPair's exponentials.
+  and the sampled mode's mean against the exact value.
+
+Default ``neg_samples="auto"``: exact up to ``AUTO_EXACT_MAX = 512`` candidates per anchor,
+``AUTO_NEG_SAMPLES = 256`` sampled grade-0 candidates above. Why: the exact loss has one term per
+(positive, candidate) pair, so its cost grows with the pair count -- quadratic in the candidate
+list when positives grow with it, and #positives x N transcendental calls even with few
+positives: no factorisation exists for ``softplus`` / ``sigmoid`` of pair differences, unlike
+LSEPair's exponentials. At 256 anchors x 4,096 candidates with <= 8 positives the exact mode
+costs ~21x a cross-entropy, 256 samples ~2.5x (``tools/bench_losses.py``, docs/benchmarks.md).
+Pass ``neg_samples=None`` for the exact loss at any size.
 """
 from __future__ import annotations
 
@@ -21,6 +28,19 @@ from torch import Tensor
 from gsdistill.losses.graded_common import GradedLoss, make_generator, prepare_graded
 from gsdistill.losses.validation import big_negative, mean_over
 
+AUTO_EXACT_MAX = 512  # candidates per anchor up to which neg_samples="auto" sums every pair
+AUTO_NEG_SAMPLES = 256  # grade-0 candidates drawn per anchor above that
+
+
+def resolve_neg_samples(neg_samples: int | str | None, n_cand: int) -> int | None:
+    """``"auto"`` -> None (exact) for ``n_cand <= AUTO_EXACT_MAX``, else ``AUTO_NEG_SAMPLES``;
+    an int or None is returned as given."""
+    if neg_samples == "auto":
+        return None if n_cand <= AUTO_EXACT_MAX else AUTO_NEG_SAMPLES
+    if isinstance(neg_samples, str):
+        raise ValueError(f"neg_samples must be an int, None or 'auto', got {neg_samples!r}")
+    return neg_samples
+
 
 def _split(name, scores, labels, valid, stats, neg_samples, generator):
     """Positive slots (scores, grades; padding slots get a huge score so their terms vanish), the
@@ -28,6 +48,7 @@ def _split(name, scores, labels, valid, stats, neg_samples, generator):
     candidates get a huge negative score so their pair terms are exactly 0), the weight that
     turns a sampled sum into an estimate of the full one, and the number of grade-0 candidates."""
     valid, labels, pset, n_valid, used = prepare_graded(name, scores, labels, valid, stats)
+    neg_samples = resolve_neg_samples(neg_samples, scores.shape[1])
     n_slots = pset.idx.shape[1]
     n_zero = n_valid - pset.count  # grades are >= 0: every other valid candidate has grade 0
     neg_fill = big_negative(scores.dtype)
@@ -51,12 +72,12 @@ def _split(name, scores, labels, valid, stats, neg_samples, generator):
 
 
 def ranknet_loss(scores: Tensor, labels: Tensor, valid: Tensor | None = None,
-                 neg_samples: int | None = None, generator: torch.Generator | None = None,
+                 neg_samples: int | str | None = "auto", generator: torch.Generator | None = None,
                  stats: dict | None = None) -> Tensor:
     """RankNet (Burges et al. 2005): mean over pairs ``y_i > y_j`` of ``log(1 + e^{s_j - s_i})``.
 
-    Per anchor, then mean over anchors with a positive. Shapes ``[B, N]``; see module docstring
-    for ``neg_samples``.
+    Per anchor, then mean over anchors with a positive. Shapes ``[B, N]``; ``neg_samples``
+    ("auto": exact up to 512 candidates, 256 drawn above; None: exact): see module docstring.
     """
     used, n_zero, pset, s_pos, y_pos, s_zero, weight = _split(
         "RankNetLoss", scores, labels, valid, stats, neg_samples, generator)
@@ -74,13 +95,14 @@ def ranknet_loss(scores: Tensor, labels: Tensor, valid: Tensor | None = None,
 
 
 def approx_ndcg_loss(scores: Tensor, labels: Tensor, valid: Tensor | None = None,
-                     alpha: float = 1.0, neg_samples: int | None = None,
+                     alpha: float = 1.0, neg_samples: int | str | None = "auto",
                      generator: torch.Generator | None = None, stats: dict | None = None) -> Tensor:
     """ApproxNDCG (Qin et al. 2010): ``1 - DCG~ / IDCG`` per anchor, mean over anchors.
 
     Smooth rank ``pi_i = 1 + sum_{j != i} sigmoid((s_j - s_i) / alpha)`` over valid candidates,
     ``DCG~ = sum_i (2^{y_i} - 1) / log2(1 + pi_i)`` (only positives have a gain), IDCG from the
-    grades sorted. Shapes ``[B, N]``; ``neg_samples`` as in the module docstring.
+    grades sorted. Shapes ``[B, N]``; ``neg_samples`` ("auto": exact up to 512 candidates, 256
+    drawn above; None: exact) as in the module docstring.
     """
     used, _, pset, s_pos, y_pos, s_zero, weight = _split(
         "ApproxNDCGLoss", scores, labels, valid, stats, neg_samples, generator)
@@ -101,9 +123,10 @@ def approx_ndcg_loss(scores: Tensor, labels: Tensor, valid: Tensor | None = None
 
 
 class RankNetLoss(GradedLoss):
-    """RankNet over graded labels (see ``ranknet_loss``). ``RankNetLoss(neg_samples=None, seed=None)``."""
+    """RankNet over graded labels (see ``ranknet_loss``). ``RankNetLoss(neg_samples="auto", seed=None)``:
+    exact up to 512 candidates, 256 sampled grade-0 candidates above (module docstring)."""
 
-    def __init__(self, neg_samples: int | None = None, seed: int | None = None) -> None:
+    def __init__(self, neg_samples: int | str | None = "auto", seed: int | None = None) -> None:
         super().__init__()
         self.neg_samples, self.generator = neg_samples, make_generator(seed)
 
@@ -113,9 +136,11 @@ class RankNetLoss(GradedLoss):
 
 
 class ApproxNDCGLoss(GradedLoss):
-    """ApproxNDCG (see ``approx_ndcg_loss``). ``ApproxNDCGLoss(alpha=1.0, neg_samples=None, seed=None)``."""
+    """ApproxNDCG (see ``approx_ndcg_loss``). ``ApproxNDCGLoss(alpha=1.0, neg_samples="auto", seed=None)``:
+    exact up to 512 candidates, 256 sampled grade-0 candidates above (module docstring)."""
 
-    def __init__(self, alpha: float = 1.0, neg_samples: int | None = None, seed: int | None = None) -> None:
+    def __init__(self, alpha: float = 1.0, neg_samples: int | str | None = "auto",
+                 seed: int | None = None) -> None:
         super().__init__()
         if alpha <= 0:
             raise ValueError(f"ApproxNDCGLoss: alpha must be > 0, got {alpha}")

@@ -17,15 +17,17 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-_SYNC_OPS = {"_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "unique",
-             "_unique", "_unique2", "unique_dim", "unique_consecutive", "repeat_interleave",
-             "equal", "is_nonzero"}
+_SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "unique",
+             "_unique", "_unique2", "unique_dim", "unique_consecutive", "equal", "is_nonzero"}
 
 
-def _is_sync(func, args) -> bool:
+def _is_sync(func, args, kwargs) -> bool:
     name = func._schema.name.split("::")[-1]
+    if name == "repeat_interleave":  # tensor repeats without output_size: the size is read back
+        return kwargs.get("output_size") is None and isinstance(args[-1] if len(args) < 3 else args[1],
+                                                                 torch.Tensor)
     if name in _SYNC_OPS:
-        return not (name == "repeat_interleave" and not isinstance(args[0], torch.Tensor))
+        return True
     if name in ("index", "index_put", "index_put_", "_index_put_impl_"):  # a bool mask index -> nonzero
         indices = args[1] if len(args) > 1 else []
         return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
@@ -48,14 +50,35 @@ def _caller() -> str:
 
 class HostSyncCounter(TorchDispatchMode):
     """``with HostSyncCounter() as syncs: ...`` then ``syncs.total``, ``syncs.where`` (Counter of
-    ``file:line``) and ``syncs.inside("gsdistill/losses/")``. Slows ops down: count, do not time."""
+    ``file:line``) and ``syncs.inside("gsdistill/losses/")``. Slows ops down: count, do not time.
 
-    def __init__(self) -> None:
+    ``host_tensors``: tensors that stay in host memory whatever the device (e.g. AdamW's ``step``
+    counters, kept on the CPU unless ``capturable``); reading them is no sync, so it is not counted.
+    """
+
+    def __init__(self, host_tensors=()) -> None:
         super().__init__()
         self.where: Counter = Counter()
+        self._host = {t.data_ptr() for t in host_tensors}
+
+    def __enter__(self):  # ``tolist`` reads values without an aten op on the CPU: wrap it too
+        self._tolist = torch.Tensor.tolist
+        counter, tolist = self, self._tolist
+
+        def counted_tolist(tensor):
+            counter.where[f"tolist @ {_caller()}"] += 1
+            return tolist(tensor)
+
+        torch.Tensor.tolist = counted_tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
-        if _is_sync(func, args):
+        host_read = bool(self._host) and isinstance(args[0], torch.Tensor) and args[0].data_ptr() in self._host
+        if not host_read and _is_sync(func, args, kwargs or {}):
             self.where[f"{func._schema.name.split('::')[-1]} @ {_caller()}"] += 1
         return func(*args, **(kwargs or {}))
 

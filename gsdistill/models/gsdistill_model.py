@@ -28,6 +28,15 @@ HEADS = {"semantic": ("sem",), "dual": ("sem", "geom"), "joint": ("joint",)}
 POSITIVES = ("multi", "single")
 
 
+def masked_patch_index(masks: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+    """Flat row-major indices of the True entries of ``masks: bool[V, P]`` (the ``patches[masks]``
+    order). ``index``: the same, computed on the host by the data pipeline (``batch["mask_index"]``,
+    optional), which spares the ``nonzero`` -- a host sync when the masks live on a GPU."""
+    if index is not None:
+        return index.to(masks.device, non_blocking=True)
+    return masks.flatten().nonzero()[:, 0]
+
+
 def _plain(cfg) -> dict:
     from omegaconf import OmegaConf
     return OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else dict(cfg)
@@ -66,6 +75,9 @@ class GSDistill(nn.Module):
         self.weights = {name: float(o["lambda_geom"] if name == "geom" else o["lambda_sem"]) for name in self.align}
         self.use_distill, self.use_ibot, self.use_koleo = bool(o["distill"]), bool(o["ibot"]), bool(o["koleo"])
         self.distill_local = bool(o["distill_local"])
+        self.align_views = str(o["align_views"])
+        if self.align_views not in ("masked", "unmasked"):
+            raise ValueError(f"objective.align_views must be 'masked' or 'unmasked', got {self.align_views!r}")
         self.weights.update(distill=float(o["lambda_distill"]), ibot=float(o["lambda_ibot"]),
                             koleo=float(o["lambda_koleo"]))
         self.teacher_temp, self.centering = float(o["teacher_temp"]), str(o["centering"])
@@ -76,6 +88,8 @@ class GSDistill(nn.Module):
         self.teacher_temp_warmup = int(o["teacher_temp_warmup_steps"])
         self.distill_warmup = int(o["distill_warmup_steps"])
         self.register_buffer("steps_seen", torch.zeros((), dtype=torch.long))  # training forwards (resumed with the model)
+        self._host_steps: int | None = None  # steps_seen read once on the host, then counted here
+        self.register_load_state_dict_post_hook(lambda module, _keys: setattr(module, "_host_steps", None))
         self.sinkhorn_iters = int(o["sinkhorn_iters"])
         if self.use_ibot:
             self.mask_token = nn.Parameter(torch.zeros(1, dim))
@@ -99,7 +113,7 @@ class GSDistill(nn.Module):
             self.teacher.eval()
         return self
 
-    # ---- inference API (INTERFACES 3) ------------------------------------------------------
+    # ---- inference API (used by gsdistill.eval and gsdistill.pretrain.checkpoint.load_model) --
     def page_features(self, images: torch.Tensor) -> torch.Tensor:
         """Mean-pooled page embedding ``h_p [B, C]`` of the student backbone."""
         return encode_views(self.backbone, images)[0]
@@ -109,33 +123,39 @@ class GSDistill(nn.Module):
         grid = self.pool_grid[name]
         return h_p if grid <= 0 else grid_pool(patches, tuple(image_hw), self.patch_size, grid)
 
-    def _embed(self, images: torch.Tensor, name: str) -> torch.Tensor:
-        name = "joint" if name == "sem" and "joint" in self.align else name
+    def page_head_for(self, kind: str) -> str:
+        """Name of the head that serves ``kind`` = "semantic" or "geometric" retrieval.
+
+        "semantic" -> ``sem``; on a joint-head model (``objective.heads=joint``) -> ``joint``, the
+        one head trained on spans and box descriptors together, so it is the semantic head too.
+        "geometric" -> ``geom``; a model without that head (semantic-only or joint) raises.
+        """
+        if kind not in ("semantic", "geometric"):
+            raise ValueError(f"kind must be 'semantic' or 'geometric', got {kind!r}")
+        name = "geom" if kind == "geometric" else ("joint" if "joint" in self.align else "sem")
         if name not in self.align:
-            raise ValueError(f"this model has no {name!r} head (heads: {sorted(self.align)})")
+            raise ValueError(f"this model has no {name!r} head for {kind} retrieval (heads: {sorted(self.align)})")
+        return name
+
+    def _embed(self, images: torch.Tensor, kind: str) -> torch.Tensor:
+        name = self.page_head_for(kind)
         h_p, patches = encode_views(self.backbone, images, with_patches=self.pool_grid[name] > 0)
         return self.align[name].embed_pages(self.head_inputs(h_p, patches, images.shape[-2:], name))
 
-    def _head(self, name: str) -> PageTextAlignment:
-        if name == "sem" and "joint" in self.align:
-            name = "joint"
-        if name not in self.align:
-            raise ValueError(f"this model has no {name!r} head (heads: {sorted(self.align)})")
-        return self.align[name]
-
     def embed_pages(self, images: torch.Tensor) -> torch.Tensor:
-        """``float[B,3,H,W] -> float[B, proj_dim]``, semantic head, L2-normalised."""
-        return self._embed(images, "sem")
+        """``float[B,3,H,W] -> float[B, proj_dim]``, semantic head (joint head on a joint model), L2-normalised."""
+        return self._embed(images, "semantic")
 
     def embed_pages_geom(self, images: torch.Tensor) -> torch.Tensor:
-        return self._embed(images, "geom")
+        return self._embed(images, "geometric")
 
     def embed_text_sem(self, text_emb: torch.Tensor) -> torch.Tensor:
-        """Frozen-encoder embeddings ``[M, D_text] -> [M, proj_dim]`` (L2-normalised)."""
-        return self._head("sem").embed_text(text_emb)
+        """Frozen-encoder embeddings ``[M, D_text] -> [M, proj_dim]`` (L2-normalised), semantic head
+        (joint head on a joint model)."""
+        return self.align[self.page_head_for("semantic")].embed_text(text_emb)
 
     def embed_text_geom(self, text_emb: torch.Tensor) -> torch.Tensor:
-        return self._head("geom").embed_text(text_emb)
+        return self.align[self.page_head_for("geometric")].embed_text(text_emb)
 
     # ---- training --------------------------------------------------------------------------
     def student_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -180,7 +200,9 @@ class GSDistill(nn.Module):
         """Teacher temperature at this step: linear from ``teacher_temp_start`` to ``teacher_temp``."""
         if self.teacher_temp_warmup <= 0:
             return self.teacher_temp
-        f = min(int(self.steps_seen) / self.teacher_temp_warmup, 1.0)
+        if self._host_steps is None:  # one host sync after construction or a load, then none
+            self._host_steps = int(self.steps_seen)
+        f = min(self._host_steps / self.teacher_temp_warmup, 1.0)
         return self.teacher_temp_start + f * (self.teacher_temp - self.teacher_temp_start)
 
     def distill_ramp(self) -> float | torch.Tensor:
@@ -191,8 +213,9 @@ class GSDistill(nn.Module):
         return ((self.steps_seen + 1).float() / self.distill_warmup).clamp(max=1.0)
 
     def _teacher_targets(self, logits: torch.Tensor, loss: nn.Module) -> torch.Tensor:
+        # DINO head logits are cosines (normalised features x normalised prototypes): |t| <= 1
         return loss.teacher_probs(logits, self.current_teacher_temp(), centering=self.centering,
-                                  n_iters=self.sinkhorn_iters)
+                                  n_iters=self.sinkhorn_iters, logit_bound=1.0 + 1e-2)
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         # record_function labels cost nothing without a profiler; tools/bench_pretrain.py times them
@@ -203,6 +226,12 @@ class GSDistill(nn.Module):
         with record_function("gsdistill.student_global"):
             h_glob, patches = encode_views(self.backbone, glob, masks, getattr(self, "mask_token", None),
                                            with_patches=self.use_ibot or max(self.pool_grid.values()) > 0)
+        h_align, p_align = h_glob, patches
+        if masks is not None and self.align_views == "unmasked":
+            # iBOT's masks hide up to half of a view's patches, and with them the boxes its descriptors
+            # describe: the alignment heads read a second, unmasked pass over the same global views
+            with record_function("gsdistill.student_global_unmasked"):
+                h_align, p_align = encode_views(self.backbone, glob, with_patches=max(self.pool_grid.values()) > 0)
         terms: dict[str, torch.Tensor] = {}
         anchor_page = torch.arange(n_pages, device=glob.device).repeat(n_global)
         koleo = []
@@ -211,22 +240,25 @@ class GSDistill(nn.Module):
         for name, head in self.align.items():
             with record_function(f"gsdistill.{name}"):
                 text, valid = self._texts(batch, name)
-                terms[name], z = head(self.head_inputs(h_glob, patches, glob.shape[-2:], name), anchor_page, text, valid)
+                terms[name], z = head(self.head_inputs(h_align, p_align, glob.shape[-2:], name), anchor_page, text, valid)
             if self.use_koleo:  # over the whole (gathered) batch; pairs = same page, other view
                 with record_function("gsdistill.koleo"):
                     koleo.append(self.koleo_loss(gather_with_grad(z), group_ids=page_ids))
         if self.use_koleo:
             terms["koleo"] = torch.stack(koleo).mean()
         if self.use_distill or self.use_ibot:
-            terms.update(self._self_distillation(glob, local, masks, h_glob, patches, n_global, n_local))
+            terms.update(self._self_distillation(glob, local, masks, batch.get("mask_index"), h_glob, patches,
+                                                 n_global, n_local))
         ramp = self.distill_ramp()
         terms["total"] = sum(self.weights[k] * (ramp if k in ("distill", "ibot") else 1.0) * v
                              for k, v in terms.items())
         if self.training:
             self.steps_seen += 1
+            if self._host_steps is not None:
+                self._host_steps += 1
         return terms
 
-    def _self_distillation(self, glob, local, masks, h_glob, patches, n_global, n_local) -> dict:
+    def _self_distillation(self, glob, local, masks, batch_index, h_glob, patches, n_global, n_local) -> dict:
         out = {}
         with torch.no_grad(), record_function("gsdistill.teacher"):
             t_glob, t_patch = encode_views(self.teacher["backbone"], glob, with_patches=self.use_ibot)
@@ -247,9 +279,10 @@ class GSDistill(nn.Module):
                 out["distill"] = self.dino_loss(s_views, teacher_views, ignore_diagonal=True)
         if self.use_ibot:
             with record_function("gsdistill.ibot"):
-                s_patch = self.dino_head(patches[masks])
+                index = masked_patch_index(masks, batch_index)
+                s_patch = self.dino_head(patches.flatten(0, 1).index_select(0, index))
                 with torch.no_grad():
-                    t_patch_probs = self._teacher_targets(self.teacher["dino_head"](t_patch[masks]),
-                                                          self.ibot_loss)
+                    t_masked = t_patch.flatten(0, 1).index_select(0, index)
+                    t_patch_probs = self._teacher_targets(self.teacher["dino_head"](t_masked), self.ibot_loss)
                 out["ibot"] = self.ibot_loss(s_patch, t_patch_probs, masks)
         return out

@@ -1,22 +1,27 @@
 """``gsdistill ablate``: the rows of paper 003 Table 3 and Table A1, end to end.
 
-Per row and pretraining seed: ``run_pretraining`` on the row's experiment file (plus the shared
-scale overrides) -> export -> head-only YOLOv10 fine-tuning of the frozen backbone on one fixed
-small detection set -> detection val (mAP@50, mAP@50-95) -> 1-crop page retrieval (Acc@1) on
-held-out pages. Each finished (row, seed) is appended to ``results.csv`` at once, so an
+Per row and pretraining seed: ``run_pretraining`` on the row's experiment file, then the ablation
+config's ``pretrain`` section (the shared scale) -> export -> head-only YOLOv10 fine-tuning of the
+frozen backbone on one fixed small detection set -> detection val (mAP@50, mAP@50-95) -> 1-crop
+page retrieval (Acc@1) on held-out pages. Each finished (row, seed) is appended to ``results.csv`` at once, so an
 interrupted run continues where it stopped; ``table.md`` and ``ablation.png`` are rewritten from
 the CSV after every row.
+
+The ablation config's ``pretrain``, ``detect`` and ``eval`` sections hold keys of those stages'
+configs; ``load_config`` checks them against each stage's defaults and applies them to every row
+(``load_config(stage, ..., layers=[section])``).
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import re
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from gsdistill.run_log import append_row, bar_plot, read_rows
 
 FIELDS = ["label", "table", "experiment", "seed", "det_mAP50", "det_mAP50-95", "retrieval_acc1",
           "retrieval_mrr", "n_gallery", "geom_acc1", "geom_chance", "pretrain_s", "detect_s", "retrieval_s",
@@ -26,6 +31,17 @@ RANDOM = "random"  # the reference row: no pretraining, a random backbone of the
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+
+
+def settings(section, prefix: str = "") -> list[str]:
+    """``key=value`` for every value an embedded stage section sets (for the table's scale line)."""
+    out = []
+    for key, value in section.items():
+        if hasattr(value, "items"):
+            out += settings(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={value}")
+    return out
 
 
 def select_rows(rows: list[dict], wanted: list[str] | None) -> list[dict]:
@@ -41,50 +57,43 @@ def select_rows(rows: list[dict], wanted: list[str] | None) -> list[dict]:
 
 
 def read_results(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    """The finished (row, seed) results of ``results.csv``; [] before the first."""
+    return read_rows(path) if path.is_file() else []
 
 
 def _append(path: Path, row: dict) -> None:
-    new = not path.is_file()
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerow({k: row.get(k, "") for k in FIELDS})
+    append_row(path, {k: row.get(k, "") for k in FIELDS}, FIELDS)
 
 
 def detection_set(cfg, out_dir: Path) -> Path:
     """The fixed detection data YAML: the configured one, or synthetic pages converted once."""
-    if cfg.detect.data:
-        return Path(cfg.detect.data)
+    if cfg.detect_set.data:
+        return Path(cfg.detect_set.data)
     data_yaml = out_dir / "detect_data" / "data.yaml"
     if not data_yaml.is_file():
         from gsdistill.tuples.synthetic import generate_pages
         from gsdistill.detect.convert import pages_to_yolo
-        pages = generate_pages(int(cfg.detect.synthetic_pages), seed=int(cfg.detect.synthetic_seed))
+        pages = generate_pages(int(cfg.detect_set.synthetic_pages), seed=int(cfg.detect_set.synthetic_seed))
         data_yaml = Path(pages_to_yolo(pages, out_dir / "detect_data", val_fraction=0.25, seed=0))
     return data_yaml
 
 
 def retrieval_pages(cfg) -> tuple[list[dict] | None, Path | None]:
     """Held-out pages: (None, shard dir) when configured, else (synthetic pages in memory, None)."""
-    if cfg.retrieval.pages:
-        return None, Path(cfg.retrieval.pages)
+    if cfg.held_out.pages:
+        return None, Path(cfg.held_out.pages)
     from gsdistill.tuples.synthetic import generate_pages
-    return list(generate_pages(int(cfg.retrieval.synthetic_pages), seed=int(cfg.retrieval.synthetic_seed))), None
+    return list(generate_pages(int(cfg.held_out.synthetic_pages), seed=int(cfg.held_out.synthetic_seed))), None
 
 
 def geometric_pages(cfg, out_dir: Path, descriptor_format: str) -> list[dict]:
     """Held-out pages with cached descriptor embeddings in ``descriptor_format`` (built once per format)."""
     from gsdistill.tuples.shards import read_pages, write_shards
     from gsdistill.tuples.text_cache import embed_shards
-    folder = Path(cfg.retrieval.pages) if cfg.retrieval.pages else out_dir / "retrieval_data"
-    if not cfg.retrieval.pages and not (folder / "manifest.json").is_file():
+    folder = Path(cfg.held_out.pages) if cfg.held_out.pages else out_dir / "retrieval_data"
+    if not cfg.held_out.pages and not (folder / "manifest.json").is_file():
         from gsdistill.tuples.synthetic import generate_pages
-        write_shards(generate_pages(int(cfg.retrieval.synthetic_pages), seed=int(cfg.retrieval.synthetic_seed)), folder)
+        write_shards(generate_pages(int(cfg.held_out.synthetic_pages), seed=int(cfg.held_out.synthetic_seed)), folder)
     embed_shards(folder, descriptor_format=descriptor_format, progress=False)
     return list(read_pages(folder))
 
@@ -97,7 +106,7 @@ def random_reference(cfg, seed: int, out_dir: Path):
     from gsdistill.models.gsdistill_model import GSDistill
     from gsdistill.pretrain.run import export_backbone
     full = [r.experiment for r in cfg.rows if r.experiment != RANDOM][-1]  # the full objective's architecture
-    pre_cfg = load_config("pretrain", full, list(cfg.pretrain_overrides) + [f"train.seed={seed}"])
+    pre_cfg = load_config("pretrain", full, [f"train.seed={seed}"], layers=[cfg.pretrain])
     torch.manual_seed(seed)
     model = GSDistill(pre_cfg).eval()
     folder = export_backbone(model.state_dict(), pre_cfg, out_dir / "pretrain" / f"{RANDOM}-s{seed}" / "backbone")
@@ -123,13 +132,13 @@ def run_row(row: dict, seed: int, cfg, out_dir: Path, data_yaml: Path, eval_page
         model, backbone, pre_cfg = random_reference(cfg, seed, out_dir)
         run_dir = backbone.parent
     else:
-        pre_cfg = load_config("pretrain", row["experiment"], list(cfg.pretrain_overrides) + [f"train.seed={seed}"])
+        pre_cfg = load_config("pretrain", row["experiment"], [f"train.seed={seed}"], layers=[cfg.pretrain])
         run_dir = Path(run_pretraining(pre_cfg, out_dir / "pretrain" / name))
         model, backbone = load_pretrained(run_dir), run_dir / "backbone"
     t1 = time.perf_counter()
-    det_cfg = load_config("detect", None, list(cfg.detect.overrides) + [
-        f"backbone={backbone}", f"data={data_yaml}", f"project={out_dir / 'detect'}",
-        f"name={name}", f"seed={seed}"])
+    det_cfg = load_config("detect", None, [f"backbone={backbone}", f"data={data_yaml}",
+                                           f"project={out_dir / 'detect'}", f"name={name}", f"seed={seed}"],
+                          layers=[cfg.detect])
     det_dir = Path(train_head(det_cfg))
     det = validate(det_dir / "weights" / "best.pt", data_yaml, cfg=det_cfg)
     t2 = time.perf_counter()
@@ -143,9 +152,10 @@ def run_row(row: dict, seed: int, cfg, out_dir: Path, data_yaml: Path, eval_page
     train_shards = pretrain_shards(run_dir, run_config(run_dir)) if row["experiment"] != RANDOM else None
     if train_shards is not None:
         splits.check_held_out(eval_docs, splits.document_ids(train_shards), f"ablation row {row['label']}")
-    ev_cfg = load_config("eval", None, list(cfg.retrieval.overrides))
-    if ev_cfg.retrieval.image_size is None:
-        ev_cfg.retrieval.image_size = int(pre_cfg.views.global_size)
+    ev_cfg = load_config("eval", layers=[cfg.eval])
+    if ev_cfg.retrieval.image_size is None:  # the row's view size
+        size = int(pre_cfg.views.global_size)
+        ev_cfg = load_config("eval", None, [f"retrieval.image_size={size}"], layers=[cfg.eval])
     ret = evaluate_page_retrieval(model, pages, None, ev_cfg)
     k = min(ret["summary"]["multi_positive"])
     geom = None
@@ -211,21 +221,11 @@ def markdown(agg: list[dict], scale: str) -> str:
 
 
 def plot(agg: list[dict], path: Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(agg) + 1.8), sharey=True)
-    y = np.arange(len(agg))
-    for ax, key, title in zip(axes, ("det_mAP50", "retrieval_acc1"), ("detection mAP@50 (%)", "retrieval Acc@1 (%)")):
-        ax.barh(y, [100 * a[key][0] for a in agg], xerr=[100 * a[key][1] for a in agg], color="C0", capsize=3)
-        ax.set_title(title)
-        ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(y, [a["label"] for a in agg], fontsize=7)
-    axes[0].invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    """``ablation.png``: detection mAP@50 and retrieval Acc@1 per row, mean ± std over seeds."""
+    nan = (float("nan"), float("nan"))
+    columns = {title: ([100 * (a[key] or nan)[0] for a in agg], [100 * (a[key] or nan)[1] for a in agg])
+               for key, title in (("det_mAP50", "detection mAP@50 (%)"), ("retrieval_acc1", "retrieval Acc@1 (%)"))}
+    return bar_plot(path, [a["label"] for a in agg], columns)
 
 
 def run_ablation(cfg, wanted: list[str] | None = None) -> Path:
@@ -238,7 +238,7 @@ def run_ablation(cfg, wanted: list[str] | None = None) -> Path:
     csv_path = out_dir / "results.csv"
     done = {(r["experiment"], str(r["seed"])) for r in read_results(csv_path)}
     pending = [(row, int(s)) for row in rows for s in cfg.seeds if (row["experiment"], str(s)) not in done]
-    scale = "; ".join(list(cfg.pretrain_overrides) + list(cfg.detect.overrides))
+    scale = "; ".join(settings(cfg.pretrain, "pretrain.") + settings(cfg.detect, "detect."))
     if pending:
         data_yaml, eval_pages = detection_set(cfg, out_dir), retrieval_pages(cfg)
     for i, (row, seed) in enumerate(pending):
@@ -263,6 +263,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", help="key=value, e.g. seeds=[0,1] out_dir=runs/ablate2")
     args = p.parse_args(argv)
     cfg = load_config("ablate", args.config, args.overrides)
+    from gsdistill.threads import apply_threads
+    apply_threads(cfg.threads, ultralytics=True)  # one process runs every stage of every row
     try:
         out = run_ablation(cfg, args.rows)
     except (ValueError, FileNotFoundError) as e:

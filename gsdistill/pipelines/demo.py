@@ -153,6 +153,8 @@ def main(argv: list[str]) -> int:
     extra = [f"pdfs={args.pdfs}"] if args.pdfs else []
     extra += [f"out_dir={args.out}"] if args.out else []
     cfg = load_config("demo", args.size, [*args.overrides, *extra])
+    from gsdistill.threads import apply_threads
+    apply_threads(cfg.threads, ultralytics=True)  # before any torch work; the detect stage runs in this process
     report = run_demo(cfg)
     print(f"report: {report}")
     return 0

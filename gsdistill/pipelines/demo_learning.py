@@ -64,8 +64,9 @@ def _pct(v: float) -> str:
     return f"{100 * v:.1f}"
 
 
-def retrieval_markdown(rows: list[dict], split: str) -> str:
-    """Acc@1 [95% CI] per model (columns) and head/k (rows) on one split, with chance and rank."""
+def retrieval_markdown(rows: list[dict], split: str, text_note: str | None = None) -> str:
+    """Acc@1 [95% CI] per model (columns) and head/k (rows) on one split, with chance and rank;
+    ``text_note`` (e.g. the text height in view pixels) is printed next to every semantic row."""
     models = list(dict.fromkeys(r["model"] for r in rows))
     keys = list(dict.fromkeys((r["head"], r["k"]) for r in rows if r["split"] == split))
     cell = {(r["model"], r["head"], r["k"]): r for r in rows if r["split"] == split}
@@ -73,6 +74,8 @@ def retrieval_markdown(rows: list[dict], split: str) -> str:
     for head, k in keys:
         any_row = next(cell[m, head, k] for m in models if (m, head, k) in cell)
         what = "geometric: all box descriptors" if head == "geom" else f"semantic: {k} text crop(s)"
+        if head == "sem" and text_note:
+            what += f" ({text_note})"
         vals = []
         for m in models:
             r = cell.get((m, head, k))

@@ -76,6 +76,7 @@ def retrieval_section(ret: dict, heights: dict[str, float]) -> list[str]:
     from gsdistill.pipelines.demo_learning import paired_gain, retrieval_markdown
     size = ret["image_size"]
     legible = ", ".join(f"{k} {v:.1f} px" for k, v in heights.items())
+    note = f"text in view: {legible}" if heights else None
     lines = ["## 4. Page retrieval from a page's own texts, through each head", "",
              "Query: all box-text descriptors of a page (geometric head) or k of its text spans (semantic "
              "head), from the text cache; candidates: every page image of the set at "
@@ -84,14 +85,14 @@ def retrieval_section(ret: dict, heights: dict[str, float]) -> list[str]:
              "interval over documents; chance = 1/pages.", "",
              f"Text height in the {size} px view (median, held-out pages): {legible}. Below about "
              f"{LEGIBLE_PX} px a line is not legible, so the semantic numbers measure layout cues, not reading.", "",
-             "### Held-out pages (documents never seen in pretraining)", "", retrieval_markdown(ret["rows"], "held-out"), ""]
+             "### Held-out pages (documents never seen in pretraining)", "", retrieval_markdown(ret["rows"], "held-out", note), ""]
     docs = ret["doc_ids"]["held-out"]
     for other in ("random backbone, heads trained", "random (untrained)"):
         g = paired_gain(ret["rows"], other, "pretrained", "held-out", "geom", "all", doc_of=docs)
         if g is not None:
             lines.append(f"- geometric Acc@1, pretrained − {other}: {100 * g['diff']:+.1f} points "
                          f"[{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]")
-    lines += ["", "### Training pages (what the objective fitted)", "", retrieval_markdown(ret["rows"], "training"), ""]
+    lines += ["", "### Training pages (what the objective fitted)", "", retrieval_markdown(ret["rows"], "training", note), ""]
     return lines
 
 

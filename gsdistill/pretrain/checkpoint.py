@@ -249,7 +249,8 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], sou
 
 
 def load_pretrained(path: str | os.PathLike, device: str | torch.device = "cpu"):
-    """The GSDistill model of a run dir or checkpoint folder, in eval mode (INTERFACES §3)."""
+    """The GSDistill model of a run dir or checkpoint folder, in eval mode
+    (:class:`gsdistill.models.gsdistill_model.GSDistill`: ``embed_pages``, ``embed_text_sem``, ...)."""
     from gsdistill.models.gsdistill_model import GSDistill
 
     ckpt = resolve_checkpoint(path)

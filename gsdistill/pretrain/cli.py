@@ -31,6 +31,8 @@ def main(argv: list[str]) -> int:
     # on resume: the checkpoint's own config, the experiment file and the overrides on top (the
     # changes are listed when the run starts); project errors are handled by gsdistill.cli
     cfg, _, _ = resume_config(configs[0] if configs else None, overrides)
+    from gsdistill.threads import apply_threads
+    apply_threads(cfg.threads, int(cfg.data.num_workers))
     try:
         run_dir = run_pretraining(cfg, args.run_dir)
     except TrainingDiverged as e:

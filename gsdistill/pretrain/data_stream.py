@@ -24,6 +24,8 @@ def slice_batch(batch: dict, rank: int, world: int) -> dict:
     lo, hi = rank * per, (rank + 1) * per
     out = {}
     for key, value in batch.items():
+        if key == "mask_index":  # flat indices into the whole batch's masks: recomputed by to_device
+            continue
         if key == "ids":
             out[key] = value[lo:hi]
         elif isinstance(value, torch.Tensor) and key in ("global_crops", "local_crops", "masks"):
@@ -37,6 +39,10 @@ def slice_batch(batch: dict, rank: int, world: int) -> dict:
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
+    """Move a (this rank's) batch to ``device``; the iBOT masks' flat indices are computed here, on the
+    host where the masks still are, so the model's ``patches[masks]`` costs no GPU host sync."""
+    if isinstance(batch.get("masks"), torch.Tensor) and "mask_index" not in batch and batch["masks"].device.type == "cpu":
+        batch = {**batch, "mask_index": batch["masks"].flatten().nonzero()[:, 0]}
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 

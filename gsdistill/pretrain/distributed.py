@@ -1,4 +1,6 @@
-"""Process-group set-up from the launcher's environment (``torchrun`` / ``deepspeed``) and small collectives."""
+"""Process-group set-up from the launcher's environment (``torchrun`` / ``deepspeed``) and the few
+collectives every training loop shares (pretraining and text retrievers alike). The device resolver
+is :func:`gsdistill.device.resolve_device` (re-exported here)."""
 from __future__ import annotations
 
 import os
@@ -7,7 +9,10 @@ import socket
 import torch
 import torch.distributed as dist
 
-from gsdistill.errors import InputError
+from gsdistill.device import resolve_device
+
+__all__ = ["any_rank", "average_gradients", "join_from_env", "pick_device",
+           "rank_and_world", "resolve_device", "setup"]
 
 
 def _free_port() -> int:
@@ -17,50 +22,63 @@ def _free_port() -> int:
 
 
 def pick_device(name: str, local_rank: int) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise InputError("train.device=cuda but no CUDA device is available")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    if name != "cpu":
-        raise InputError(f"train.device must be auto, cpu or cuda, got {name!r}")
-    return torch.device("cpu")
+    """:func:`resolve_device`, made the current CUDA device of this process."""
+    device = resolve_device(name, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def join_from_env(device: torch.device, always: bool = False) -> bool:
+    """Join the process group the launcher describes (``WORLD_SIZE`` > 1, or ``always``: DeepSpeed
+    wants one even alone, the env vars are then filled in); nccl on CUDA, gloo on CPU."""
+    if dist.is_initialized():
+        return True
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 and not always:
+        return False
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return True
 
 
 def setup(engine: str, device_name: str) -> tuple[int, int, torch.device]:
-    """``(rank, world_size, device)``; initialises the process group when launched with several
-    ranks, or for DeepSpeed even with one (it always needs one; the env vars are then filled in)."""
+    """``(rank, world_size, device)``; joins the process group when launched with several ranks."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(device_name, local_rank)
-    if (world > 1 or engine == "deepspeed") and not dist.is_initialized():
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("LOCAL_RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    device = pick_device(device_name, int(os.environ.get("LOCAL_RANK", "0")))
+    join_from_env(device, always=engine == "deepspeed")
     return rank, world, device
+
+
+def rank_and_world() -> tuple[int, int]:
+    """``(rank, world_size)`` of the joined process group; ``(0, 1)`` when alone."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True when ``flag`` is true on at least one rank (so every rank takes the same branch)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if rank_and_world()[1] == 1:
         return flag
     t = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() > 0)
 
 
-def mean_over_ranks(values: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Average a dict of scalars over ranks (same keys on every rank)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return values
-    keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    t /= dist.get_world_size()
-    return dict(zip(keys, t.tolist()))
+def average_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Average the gradients over ranks in one flat all-reduce (what DDP does), for engines that run
+    several backward passes per step (GradCache, accumulation) where DDP's hooks do not fit.
+    Parameters without a gradient are left alone: every rank runs the same code, so the set agrees,
+    and AdamW then skips them on every rank alike (a zero-filled gradient would decay them)."""
+    _, world = rank_and_world()
+    grads = [p.grad for p in params if p.grad is not None]
+    if world == 1 or not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))

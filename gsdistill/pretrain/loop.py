@@ -1,16 +1,23 @@
-"""The training loop: it only steps, logs and checkpoints (the model computes the named losses).
+"""The training loop of every trainer (pretraining, text retrievers): it only steps, logs and checkpoints.
 
-Per step: next batch -> ``engine.forward`` (named terms) -> finite check on every rank ->
-``engine.backward_step`` at the scheduled learning rate (returns the pre-clip grad norm) -> EMA
-teacher at the scheduled momentum -> log every ``log_every`` steps -> checkpoint every
-``ckpt_every`` steps, at the end, at ``stop_after`` and on SIGINT/SIGTERM.
+An *engine* holds the model and its optimiser: ``forward(batch) -> {name: loss term}`` (with
+``"total"``), ``backward_step(total, lr) -> grad_norm``, ``weight_norm()``, ``save(folder, rank)``,
+``load(folder)`` and, with a teacher, ``update_teacher(momentum)``. A *stream* yields batches and
+has a JSON ``position`` it can ``restore``. A :class:`LoopPlan` says how many steps, the schedules
+and what to log; :func:`pretrain_plan` reads it from the pretraining config.
+
+Per step: next batch -> ``engine.forward`` -> one host sync that fetches every term (averaged over
+ranks in the same all-reduce), whether any rank's batch holds NaN/inf and whether a signal came ->
+``engine.backward_step`` at the scheduled learning rate -> one host sync for the grad and weight
+norms -> EMA teacher -> log -> checkpoint every ``ckpt_every`` steps, at the end, at ``stop_after``
+and on SIGINT/SIGTERM. After the first step the losses' own value checks (each a host sync) are
+turned off unless ``check_every_step`` (``train.debug_checks``); the loop watches the terms itself.
 
 The run stops with :class:`TrainingDiverged` before any bad state reaches a checkpoint: a NaN/inf
 loss stops it before the update; weights that turn non-finite or whose global norm grows more than
-``WEIGHT_GROWTH_LIMIT``-fold in one step (a far too high learning rate: the loss can stay finite
-for a while on exploded weights) stop it before that step's checkpoint. A batch that itself holds
-NaN/inf (a damaged cached embedding) stops it with :class:`NonFiniteBatch`, naming the pages.
-Pruning removes only this run's own checkpoints, by step number.
+``WEIGHT_GROWTH_LIMIT``-fold in one step stop it before that step's checkpoint. A batch holding
+NaN/inf stops it with :class:`NonFiniteBatch`, naming the pages. Pruning removes only this run's
+own checkpoints, by step number.
 """
 from __future__ import annotations
 
@@ -18,22 +25,25 @@ import math
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from gsdistill.errors import InputError
+from gsdistill.errors import InputError, TrainingDiverged
+from gsdistill.losses import validation
 from gsdistill.pretrain import checkpoint
 from gsdistill.pretrain.data_stream import to_device
-from gsdistill.pretrain.distributed import any_rank, mean_over_ranks
-from gsdistill.pretrain.metrics_log import MetricsLog, plot_metrics
+from gsdistill.pretrain.distributed import any_rank
+from gsdistill.pretrain.metrics_log import LOSS_TERMS
 from gsdistill.pretrain.schedules import cosine_with_warmup, teacher_momentum
+from gsdistill.run_log import RunLog, plot_training
 
-
-class TrainingDiverged(RuntimeError):
-    """A loss term became NaN/inf; the run stopped before applying that update."""
+__all__ = ["LoopPlan", "NonFiniteBatch", "Trainer", "TrainingDiverged", "TrainingInterrupted", "pretrain_plan"]
 
 
 class NonFiniteBatch(TrainingDiverged):
@@ -47,6 +57,40 @@ class TrainingInterrupted(RuntimeError):
 # A healthy AdamW step moves the global weight norm by ~1% (each weight by about lr); one that
 # multiplies it several-fold is an exploded update, even when the next loss is still finite.
 WEIGHT_GROWTH_LIMIT = 4.0
+
+
+@dataclass
+class LoopPlan:
+    steps: int  # optimiser steps of the whole run (the schedules' length)
+    lr_at: Callable[[int], float]  # step (0-based) -> learning rate
+    momentum_at: Callable[[int], float] | None = None  # step -> teacher EMA momentum; None: no teacher
+    stop_after: int | None = None  # stop (with a checkpoint) after this many steps
+    log_every: int = 1
+    ckpt_every: int = 0  # 0: no periodic checkpoints
+    save_at_end: bool = True
+    keep_checkpoints: int = 0  # 0: keep all
+    tensorboard: bool = False
+    progress: bool = False
+    plots: bool = False
+    plot_terms: tuple[str, ...] = ("total",)
+    engine: str = "torch"  # recorded in each checkpoint's state.json
+    name: str = "train"  # progress bar and message prefix
+    check_every_step: bool = False  # keep the losses' value checks on after the first step (debugging)
+    lr_key: str = "optim.lr"  # the config keys named in a TrainingDiverged message
+    warmup_key: str = "optim.warmup_steps"
+
+
+def pretrain_plan(cfg) -> LoopPlan:
+    t, o, obj = cfg["train"], cfg["optim"], cfg["objective"]
+    steps = int(o["steps"])
+    return LoopPlan(
+        steps=steps, stop_after=None if t["stop_after"] is None else int(t["stop_after"]),
+        lr_at=lambda s: cosine_with_warmup(s, steps, float(o["lr"]), float(o["min_lr"]), int(o["warmup_steps"])),
+        momentum_at=lambda s: teacher_momentum(s, steps, float(obj["momentum_base"]), float(obj["momentum_end"])),
+        log_every=int(t["log_every"]), ckpt_every=int(t["ckpt_every"]), keep_checkpoints=int(t["keep_checkpoints"]),
+        tensorboard=bool(t["tensorboard"]), progress=bool(t["progress"]), plots=bool(t["plots"]),
+        plot_terms=LOSS_TERMS, engine=str(t["engine"]), name="pretrain",
+        check_every_step=bool(t["debug_checks"]))
 
 
 def non_finite_pages(batch: dict) -> list[str]:
@@ -63,16 +107,26 @@ def non_finite_pages(batch: dict) -> list[str]:
     return found
 
 
+def batch_is_bad(batch: dict, device: torch.device) -> torch.Tensor:
+    """0-dim float on ``device``: 1 when a float tensor of the batch holds NaN/inf (no host sync)."""
+    flags = [(~torch.isfinite(v)).any() for v in batch.values()
+             if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
+    return torch.stack(flags).any().to(device, torch.float64) if flags else torch.zeros((), dtype=torch.float64,
+                                                                                        device=device)
+
+
 class Trainer:
     def __init__(self, cfg, run_dir: Path, engine, batches, rank: int = 0, world: int = 1,
-                 device: torch.device = torch.device("cpu")):
+                 device: torch.device = torch.device("cpu"), plan: LoopPlan | None = None):
         self.cfg, self.run_dir, self.engine, self.batches = cfg, Path(run_dir), engine, batches
         self.rank, self.world, self.device = rank, world, device
+        self.plan = plan or pretrain_plan(cfg)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.step = 0
         self.last_checkpoint: Path | None = None
         self.own_checkpoints: list[Path] = []  # this run's (and its resumed run's) checkpoints, oldest first
-        self.history: list[dict] = []  # every step's logged values (rank-averaged), for tests / benches
+        self.history: list[dict] = []  # every step's values (rank-averaged), for tests / benches
+        self.host_syncs = 0  # fetches of device values by the loop itself (not counting the engine's)
         self._signal: int | None = None
         self._weight_norm: float | None = None
 
@@ -82,16 +136,16 @@ class Trainer:
         self.engine.save(folder, self.rank)
         checkpoint.write_rng(folder, self.rank)
         if self.world > 1:
-            torch.distributed.barrier()
+            dist.barrier()
         final = self.ckpt_root / checkpoint.checkpoint_name(self.step)
         self.own_checkpoints = [p for p in self.own_checkpoints if p != final] + [final]
         if self.rank == 0:
             state = {"step": self.step, "data_position": self.batches.position, "world_size": self.world,
-                     "metrics": metrics or {}, "engine": self.cfg["train"]["engine"]}
+                     "metrics": metrics or {}, "engine": self.plan.engine}
             checkpoint.finalize(self.ckpt_root, self.step, state, self.cfg)
-            self.own_checkpoints = checkpoint.prune(self.own_checkpoints, int(self.cfg["train"]["keep_checkpoints"]))
+            self.own_checkpoints = checkpoint.prune(self.own_checkpoints, self.plan.keep_checkpoints)
         if self.world > 1:
-            torch.distributed.barrier()
+            dist.barrier()
         self.last_checkpoint = final
         return self.last_checkpoint
 
@@ -100,8 +154,8 @@ class Trainer:
         newest checkpoint of a run dir is skipped for the newest intact one, with a message."""
         ckpt, notes = checkpoint.find_resumable(path)
         if notes and self.rank == 0:
-            print(f"[pretrain] resume: {'; '.join(notes)}; resuming from the newest intact checkpoint {ckpt}",
-                  file=sys.stderr)
+            print(f"[{self.plan.name}] resume: {'; '.join(notes)}; resuming from the newest intact checkpoint "
+                  f"{ckpt}", file=sys.stderr)
         state = checkpoint.read_state(ckpt)
         if state.get("world_size", 1) != self.world:
             raise InputError(f"{ckpt}: written by {state.get('world_size')} ranks, resuming with {self.world} "
@@ -115,7 +169,7 @@ class Trainer:
             self.own_checkpoints = [p for p in checkpoint.checkpoints_in(self.ckpt_root)
                                     if checkpoint.step_of(p) <= self.step]
 
-    # ---- the loop --------------------------------------------------------------------------
+    # ---- checks ----------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
         self._signal = signum
 
@@ -128,91 +182,117 @@ class Trainer:
                 pass
         return old
 
-    def _check_finite(self, terms: dict) -> None:
-        bad = {k: float(v) for k, v in terms.items() if not bool(torch.isfinite(v.detach()).all())}
-        if any_rank(bool(bad), self.device):
-            self._diverged(f"non-finite loss terms {bad or '(on another rank)'}")
-
     def _diverged(self, what: str, before: str = "applying the update") -> None:
-        keep = self.last_checkpoint or "none written yet"
+        keep, p = self.last_checkpoint or "none written yet", self.plan
         raise TrainingDiverged(f"step {self.step}: {what}; stopped before {before}. "
-                               f"Last good checkpoint: {keep}. Lower optim.lr or raise optim.warmup_steps.")
+                               f"Last good checkpoint: {keep}. Lower {p.lr_key} or raise {p.warmup_key}.")
 
-    def _check_batch(self, batch: dict) -> None:
-        """NaN/inf in the inputs: name the pages and the data, not the learning rate (every rank stops)."""
+    def _bad_batch(self, batch: dict) -> None:
         bad = non_finite_pages(batch)
-        if any_rank(bool(bad), self.device):
-            where = "; ".join(bad) if bad else "on another rank"
-            raise NonFiniteBatch(f"step {self.step}: NaN/inf in the input batch ({where}); the data is at fault, "
-                                 "not optim.lr: rebuild those pages' text cache (gsdistill tuples embed) or drop them. "
-                                 f"Last good checkpoint: {self.last_checkpoint or 'none written yet'}.")
+        where = "; ".join(bad) if bad else "on another rank"
+        raise NonFiniteBatch(f"step {self.step}: NaN/inf in the input batch ({where}); the data is at fault, "
+                             f"not {self.plan.lr_key}: rebuild those pages' text cache (gsdistill tuples embed) or "
+                             f"drop them. Last good checkpoint: {self.last_checkpoint or 'none written yet'}.")
 
-    def _check_weights(self) -> float:
-        """Global student weight norm after the update; stop on non-finite or exploded weights."""
-        norm, before = float(self.engine.weight_norm()), self._weight_norm
+    def _fetch_terms(self, terms: dict, batch_bad: torch.Tensor) -> tuple[dict[str, float], bool, bool]:
+        """The one host sync before the update: every term averaged over ranks, and whether any rank's
+        batch held NaN/inf or got a signal (one all-reduce of one vector; NaN anywhere stays NaN)."""
+        keys = list(terms)  # the engine's order, the same on every rank
+        parts = [torch.as_tensor(terms[k], dtype=torch.float64, device=self.device).detach().reshape(())
+                 for k in keys]
+        parts += [batch_bad, torch.tensor(float(self._signal is not None), dtype=torch.float64, device=self.device)]
+        packed = torch.stack(parts)
+        if self.world > 1:
+            dist.all_reduce(packed)
+            packed[:len(keys)] /= self.world
+        *vals, bad, sig = packed.tolist()
+        self.host_syncs += 1
+        return dict(zip(keys, vals)), bad > 0, sig > 0
+
+    def _fetch_norms(self, grad_norm, weight_norm) -> tuple[float, float]:
+        """The one host sync after the update (engines may return tensors or floats)."""
+        if isinstance(grad_norm, torch.Tensor) or isinstance(weight_norm, torch.Tensor):
+            self.host_syncs += 1
+            both = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=self.device).reshape(())
+                                for v in (grad_norm, weight_norm)])
+            return tuple(both.tolist())
+        return float(grad_norm), float(weight_norm)
+
+    def _check_weights(self, norm: float) -> None:
+        """Stop on non-finite or exploded weights (global student weight norm after the update)."""
+        before = self._weight_norm
         if not math.isfinite(norm):
             self._diverged(f"the weights became NaN/inf (global norm {norm})", "checkpointing them")
         if before is not None and norm > WEIGHT_GROWTH_LIMIT * before:
             self._diverged(f"the weights exploded (global norm {before:.4g} -> {norm:.4g} in one step)",
                            "checkpointing them")
         self._weight_norm = norm
-        return norm
+
+    # ---- the loop --------------------------------------------------------------------------
+    def _one_step(self) -> dict:
+        p = self.plan
+        t0 = time.perf_counter()
+        with record_function("gsdistill.data"):
+            batch = to_device(next(self.batches), self.device)
+        checks = validation.checks_enabled()
+        if checks and any_rank(bool(non_finite_pages(batch)), self.device):  # first step: before the losses see it
+            self._bad_batch(batch)
+        t1 = time.perf_counter()
+        lr = p.lr_at(self.step)
+        terms = self.engine.forward(batch)
+        values, batch_bad, signalled = self._fetch_terms(terms, batch_is_bad(batch, self.device))
+        if batch_bad:
+            self._bad_batch(batch)
+        bad = [k for k, v in values.items() if not math.isfinite(v)]
+        if bad:
+            self._diverged(f"NaN/inf loss terms {bad}" + (" (on at least one rank)" if self.world > 1 else ""))
+        if self._weight_norm is None:
+            self._weight_norm = float(self.engine.weight_norm())
+        grad_norm = self.engine.backward_step(terms["total"], lr)
+        grad_norm, weight_norm = self._fetch_norms(grad_norm, self.engine.weight_norm())
+        self._check_weights(weight_norm)
+        extra = {}
+        if p.momentum_at is not None:
+            extra["momentum"] = p.momentum_at(self.step)
+            self.engine.update_teacher(extra["momentum"])
+        if checks and not p.check_every_step:
+            validation.set_checks(False)  # one good step seen: the loop watches the terms from here on
+        self.step += 1
+        values.update(batch.get("log", {}))
+        values.update(lr=lr, **extra, grad_norm=grad_norm, weight_norm=weight_norm, data_s=t1 - t0,
+                      step_s=time.perf_counter() - t0)
+        self.history.append({"step": self.step, **values})
+        if signalled:
+            path = self.save(values)
+            raise TrainingInterrupted(f"stopped by signal at step {self.step}; checkpoint {path}; "
+                                      f"continue with train.resume={self.run_dir}")
+        return values
 
     def fit(self) -> Path:
-        cfg_t, cfg_o = self.cfg["train"], self.cfg["optim"]
-        total_steps, stop_after = int(cfg_o["steps"]), cfg_t["stop_after"]
-        end = min(total_steps, int(stop_after)) if stop_after is not None else total_steps
-        log = MetricsLog(self.run_dir, bool(cfg_t["tensorboard"]) and self.rank == 0,
-                         resume_step=self.step if self.step else None) if self.rank == 0 else None
-        obj = self.cfg["objective"]
+        p = self.plan
+        end = min(p.steps, p.stop_after) if p.stop_after is not None else p.steps
+        log = RunLog(self.run_dir, p.tensorboard, resume_step=self.step or None) if self.rank == 0 else None
         old_handlers = self._install_signals()
-        bar = tqdm(total=end, initial=self.step, disable=not cfg_t["progress"] or self.rank != 0,
-                   desc="pretrain", dynamic_ncols=True)
+        checks_before = validation.checks_enabled()
+        bar = tqdm(total=end, initial=self.step, disable=not p.progress or self.rank != 0, desc=p.name,
+                   dynamic_ncols=True)
         try:
             while self.step < end:
-                t0 = time.perf_counter()
-                with record_function("gsdistill.tuples"):
-                    batch = to_device(next(self.batches), self.device)
-                self._check_batch(batch)
-                t1 = time.perf_counter()
-                lr = cosine_with_warmup(self.step, total_steps, float(cfg_o["lr"]), float(cfg_o["min_lr"]),
-                                        int(cfg_o["warmup_steps"]))
-                try:
-                    terms = self.engine.forward(batch)
-                except ValueError as e:
-                    if "NaN/inf" in str(e):
-                        self._diverged(str(e))
-                    raise
-                self._check_finite(terms)
-                if self._weight_norm is None:
-                    self._weight_norm = float(self.engine.weight_norm())
-                grad_norm = self.engine.backward_step(terms["total"], lr)
-                weight_norm = self._check_weights()
-                momentum = teacher_momentum(self.step, total_steps, float(obj["momentum_base"]),
-                                            float(obj["momentum_end"]))
-                self.engine.update_teacher(momentum)
-                self.step += 1
-                values = {k: float(v.detach()) for k, v in terms.items()}
-                values = mean_over_ranks(values, self.device)
-                values.update(lr=lr, momentum=momentum, grad_norm=grad_norm, weight_norm=weight_norm,
-                              data_s=t1 - t0, step_s=time.perf_counter() - t0)
-                self.history.append({"step": self.step, **values})
-                if log is not None and (self.step % int(cfg_t["log_every"]) == 0 or self.step == end):
+                values = self._one_step()
+                if log is not None and (self.step % p.log_every == 0 or self.step == end):
                     log.log(self.step, values)
                 bar.update(1)
-                bar.set_postfix(loss=f"{values['total']:.3f}", gn=f"{grad_norm:.2f}")
-                if any_rank(self._signal is not None, self.device):
-                    path = self.save(values)
-                    raise TrainingInterrupted(f"stopped by signal at step {self.step}; checkpoint {path}; "
-                                              f"continue with train.resume={self.run_dir}")
-                if self.step % int(cfg_t["ckpt_every"]) == 0 or self.step == end:
+                bar.set_postfix(loss=f"{values['total']:.3f}", gn=f"{values['grad_norm']:.2f}")
+                periodic = p.ckpt_every > 0 and self.step % p.ckpt_every == 0
+                if periodic or (self.step == end and (p.save_at_end or end < p.steps)):
                     self.save(values)
         finally:
+            validation.set_checks(checks_before)
             bar.close()
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
             if log is not None:
                 log.close()
-        if self.rank == 0 and cfg_t["plots"] and (self.run_dir / "metrics.csv").is_file():
-            plot_metrics(self.run_dir / "metrics.csv", self.run_dir / "plots")
+        if self.rank == 0 and p.plots and (self.run_dir / "metrics.csv").is_file():
+            plot_training(self.run_dir / "metrics.csv", self.run_dir / "plots", p.plot_terms)
         return self.run_dir

@@ -7,7 +7,9 @@
 Queries evaluated: the held-out fold when ``data.folds >= 2``, ``data.eval_path`` when given,
 else every judged query of ``data.path``. ``eval`` writes to ``--out`` (default
 ``<run.dir>/eval/<parent>-<model folder>``), never into the model folder. Both commands print the data
-loader's summary (and write it as data_summary.json) and honour ``train.threads`` / ``train.device``.
+loader's summary (and write it as data_summary.json) and honour ``threads`` and ``train.device``.
+``train`` exits 1 when training diverged and 130 when it was stopped by a signal (a checkpoint is
+written; continue with ``train.resume``).
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ def _eval(args, cfg) -> int:
     from gsdistill.retriever.evaluate import evaluate_retriever
     from gsdistill.retriever.model import DualEncoder
     from gsdistill.retriever.pipeline import load_split, report_data
-    from gsdistill.retriever.train import build_model, resolve_device
+    from gsdistill.device import resolve_device
+    from gsdistill.retriever.train import build_model
 
     if args.model and not Path(args.model).is_dir():
         raise ValueError(f"--model {args.model}: no such folder")
@@ -66,9 +69,9 @@ def _eval(args, cfg) -> int:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     cfg = load_config("retriever", args.config, args.overrides)
-    if cfg.train.threads > 0:  # before any torch work; one thread is often fastest on a busy CPU
-        import torch
-        torch.set_num_threads(cfg.train.threads)
+    from gsdistill.threads import apply_threads
+    apply_threads(cfg.threads)  # before any torch work
+    from gsdistill.pretrain.loop import TrainingDiverged, TrainingInterrupted
     try:
         if args.command == "eval":
             return _eval(args, cfg)
@@ -76,6 +79,12 @@ def main(argv: list[str]) -> int:
         summary = train_and_evaluate(cfg)
         print(json.dumps(summary, indent=2))
         return 0
+    except TrainingDiverged as e:
+        print(f"gsdistill retriever {args.command}: {e}", file=sys.stderr)
+        return 1
+    except TrainingInterrupted as e:
+        print(f"gsdistill retriever {args.command}: {e}", file=sys.stderr)
+        return 130
     except (ValueError, RuntimeError) as e:  # bad data / config: one clear line, no traceback
         print(f"gsdistill retriever {args.command}: {e}", file=sys.stderr)
         return 2

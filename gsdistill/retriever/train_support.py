@@ -1,40 +1,35 @@
-"""Helpers of the retriever training loop: process group, gradient sync, frozen-passage cache, plot."""
+"""The retriever's engine and step stream for the shared training loop (:mod:`gsdistill.pretrain.loop`),
+and the frozen-passage cache.
+
+``RetrieverEngine`` has the engine surface of the pretraining engines. Its ``forward`` runs the
+step's micro-batches (gradient accumulation) forward *and* backward, because GradCache back-propagates
+through cached embeddings inside the step; it returns the mean loss as ``"total"`` (detached) with the
+loss's counters and the temperature, and ``backward_step`` averages gradients over ranks, clips and
+steps AdamW. ``StepStream`` yields one optimiser step at a time along the epoch plan, with a JSON
+position that holds what the epoch start computed from the model (re-mined negatives, label-weakening
+sets), so a run resumed mid-epoch continues exactly as the uninterrupted one.
+"""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 
-from gsdistill.losses.gather import is_distributed
+from gsdistill.pretrain import checkpoint
+from gsdistill.device import resolve_device
+from gsdistill.pretrain.distributed import average_gradients, join_from_env
+from gsdistill.retriever.groups import batches
 from gsdistill.retriever.model import DualEncoder
+from gsdistill.retriever.objective import autocast_for, grad_cache_backward, loss_from_embeddings, step_inputs
+
+sync_gradients = average_gradients  # older name
 
 
 def init_distributed() -> bool:
     """Join the process group a launcher (torchrun) describes in the environment; False when alone."""
     import os
-
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
-        return dist.is_initialized()
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return True
-
-
-def sync_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Average gradients over ranks (what DDP does), so that with ``gather_with_grad`` candidates the
-    update equals one process holding the whole batch. No-op on one process."""
-    if not is_distributed():
-        return
-    import torch.distributed as dist
-
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad)
-        p.grad /= dist.get_world_size()
+    return join_from_env(resolve_device("auto", int(os.environ.get("LOCAL_RANK", "0"))))
 
 
 class PassageCache:
@@ -56,17 +51,163 @@ class PassageCache:
         return self.emb[idx].to(self.model.device)
 
 
-def plot_losses(history: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _generators(losses: dict[str, torch.nn.Module]) -> dict[str, torch.Generator]:
+    """The losses' own random generators (Rand1LH's positive draw), by ``loss.attribute``."""
+    return {f"{name}.{attr}": value for name, loss in losses.items() for attr, value in vars(loss).items()
+            if isinstance(value, torch.Generator)}
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["step"] for r in history], [r["loss"] for r in history])
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
-    ax.set_title("retriever training")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+
+class RetrieverEngine:
+    """AdamW on the trainable weights of a :class:`DualEncoder`; the loss named by each batch."""
+
+    def __init__(self, trainer, losses: dict[str, torch.nn.Module]):
+        self.trainer, self.module, self.losses = trainer, trainer.model, losses
+        self.cfg, self.device = trainer.cfg, trainer.device
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        lr, wd = float(self.cfg.train.lr), float(self.cfg.train.weight_decay)  # YAML reads "1e-4" as a string
+        try:  # the fused kernel is several times faster than the per-tensor loop on CPU and GPU
+            self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=wd, fused=True)
+        except (RuntimeError, TypeError):
+            self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=wd)
+        self.autocast, self.scaler = autocast_for(self.device, self.cfg.train.amp)
+
+    def _micro_step(self, loss_fn, loss_name: str, groups, weak, n_micro: int) -> torch.Tensor:
+        cfg, model, trainer = self.cfg, self.module, self.trainer
+        inputs = step_inputs(groups, trainer.data)
+
+        def loss_of(q_emb, p_emb):
+            return loss_from_embeddings(loss_fn, loss_name, q_emb, p_emb, model.logit_scale, inputs, trainer.data,
+                                        trainer.qrels, in_batch=cfg.loss.in_batch, cross_device=cfg.loss.cross_device,
+                                        weak_positives=weak) / n_micro
+
+        scale = self.scaler.scale if self.scaler is not None else (lambda x: x)
+        if trainer.cache is not None:
+            passages = (None, trainer.cache.get(inputs.cand_idx))
+        else:
+            passages = (model.encode_passages, [trainer.data.doc_texts[i] for i in inputs.cand_idx.tolist()])
+        sides = [(model.encode_queries, inputs.query_texts), passages]
+        if cfg.train.grad_cache_chunk > 0:
+            return grad_cache_backward(sides, cfg.train.grad_cache_chunk, loss_of, self.device, self.autocast, scale)
+        with self.autocast:
+            embs = [fn(x) if fn is not None else x for fn, x in sides]
+        loss = loss_of(*[e.float() for e in embs])
+        scale(loss).backward()
+        return loss.detach()
+
+    def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        """Forward and backward of the step's micro-batches; ``{"total": mean loss, counters, temperature}``."""
+        self.module.train()
+        loss_fn, micro = self.losses[batch["loss_name"]], batch["micro"]
+        total = sum(self._micro_step(loss_fn, batch["loss_name"], groups, batch["weak"], len(micro))
+                    for groups in micro)
+        terms = {"total": total}
+        stats = getattr(loss_fn, "last_stats", None) or {}
+        terms.update({k: stats[k] for k in ("anchors_used", "anchors_without_positive") if k in stats})
+        terms["temperature"] = 1.0 / self.module.logit_scale.scale.detach()  # a tensor: fetched with the loss
+        return terms
+
+    def backward_step(self, total: torch.Tensor, lr: float) -> torch.Tensor:
+        """Average gradients over ranks, clip, AdamW at ``lr``; the pre-clip grad norm (a tensor: no sync)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        average_gradients(self.params)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = float(self.cfg.train.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm > 0 else math.inf)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm.detach()
+
+    @torch.no_grad()
+    def weight_norm(self) -> torch.Tensor:
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.float()) for p in self.params]))
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return self.module.state_dict()
+
+    def save(self, folder: Path, rank: int) -> None:
+        """Rank 0: weights, optimizer (+ fp16 loss scaler, loss generators); identical on every rank."""
+        if rank == 0:
+            checkpoint.write_model(folder, self.model_state())
+            extra = {"optimizer": self.optimizer.state_dict(),
+                     "generators": {k: g.get_state() for k, g in _generators(self.losses).items()}}
+            if self.scaler is not None:
+                extra["scaler"] = self.scaler.state_dict()
+            torch.save(extra, Path(folder) / checkpoint.OPTIM_FILE)
+
+    def load(self, folder: Path) -> None:
+        checkpoint.load_model_state(self.module, checkpoint.read_model(folder, self.device),
+                                    Path(folder) / checkpoint.MODEL_FILE)
+        extra = checkpoint.read_optimizer(folder)
+        self.optimizer.load_state_dict(extra["optimizer"])
+        for key, gen in _generators(self.losses).items():
+            gen.set_state(extra["generators"][key])
+        if self.scaler is not None and "scaler" in extra:
+            self.scaler.load_state_dict(extra["scaler"])
+
+
+class StepStream:
+    """Optimiser steps along the epoch plan: ``{"micro": [groups of each micro-batch], "loss_name",
+    "weak", "log"}``. Position ``{"epoch", "batch", "start"}``: ``start`` is what the epoch's start
+    computed from the model (``mined`` when re-mining, ``weak`` with label weakening)."""
+
+    def __init__(self, trainer, plan: list[str], rank: int = 0, world: int = 1):
+        self.t, self.plan, self.rank, self.world = trainer, plan, rank, world
+        self.batch_size, self.accum = int(trainer.cfg.train.batch_size), max(1, int(trainer.cfg.train.accumulation))
+        micro = math.ceil((len(trainer.sampler.qids) // world) / self.batch_size)
+        self.steps_per_epoch = math.ceil(micro / self.accum)
+        self.position: dict = {"epoch": 0, "batch": 0}
+        self._epoch: tuple | None = None  # (epoch, micro-batches, weak sets)
+        self._start: dict = {}
+        self._pending: dict | None = None
+
+    @property
+    def steps(self) -> int:
+        return self.steps_per_epoch * len(self.plan)
+
+    def restore(self, position: dict) -> None:
+        self.position = {"epoch": int(position["epoch"]), "batch": int(position["batch"])}
+        self._epoch, self._pending = None, position.get("start")
+
+    def _start_epoch(self, epoch: int, saved: dict | None) -> None:
+        t, saved = self.t, saved or {}
+        if "mined" in saved:
+            t.sampler.mined = {q: list(v) for q, v in saved["mined"].items()}
+        elif t.remine is not None and epoch > 0:
+            t.sampler.mined = t.remine(t.model)
+        groups = t.sampler.epoch_groups(epoch)
+        if self.world > 1:  # same shuffled order on every rank; each takes an equal share
+            groups = groups[:len(groups) - len(groups) % self.world][self.rank::self.world]
+        if "weak" in saved:
+            weak = {q: set(v) for q, v in saved["weak"].items()}
+        else:
+            weak = t.weak_positive_sets(groups) if t.cfg.weakening.enabled else None
+        self._epoch = (epoch, batches(groups, self.batch_size), weak)
+        self._start = {"epoch": epoch}
+        if t.remine is not None and epoch > 0:
+            self._start["mined"] = t.sampler.mined
+        if weak is not None:
+            self._start["weak"] = {q: sorted(v) for q, v in weak.items()}
+
+    def __next__(self) -> dict:
+        epoch, k = self.position["epoch"], self.position["batch"]
+        if k >= self.steps_per_epoch:
+            epoch, k = epoch + 1, 0
+        if epoch >= len(self.plan):
+            raise StopIteration
+        if self._epoch is None or self._epoch[0] != epoch:
+            pending, self._pending = self._pending, None
+            self._start_epoch(epoch, pending if pending and pending.get("epoch") == epoch else None)
+        _, micro, weak = self._epoch
+        self.position = {"epoch": epoch, "batch": k + 1, "start": self._start}
+        n_weak = sum(len(v) for v in weak.values()) if weak else 0
+        return {"micro": micro[k * self.accum:(k + 1) * self.accum], "loss_name": self.plan[epoch], "weak": weak,
+                "log": {"epoch": epoch, "loss_name": self.plan[epoch], "weak_extra_positives": n_weak}}
+
+    def __iter__(self):
+        return self

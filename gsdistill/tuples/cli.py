@@ -62,7 +62,10 @@ def _config(args):
             overrides.append(f"{key}={value}")
     if getattr(args, "no_ocr", False):
         overrides.append("ocr.enabled=false")
-    return load_config("tuples", args.config, overrides)
+    cfg = load_config("tuples", args.config, overrides)
+    from gsdistill.threads import apply_threads
+    apply_threads(cfg.threads)
+    return cfg
 
 
 def class_table(manifest: dict) -> list[str]:

@@ -81,8 +81,8 @@ def embed_shards(shard_dir: str | Path, encoder: str | None = None, batch_size: 
     fmt = _checked_format(descriptor_format or DESCRIPTOR_VERSION)
     if not force and _is_current(_read_meta(shard_dir), name, shard_dir, max_spans, fmt):
         return shard_dir
-    import torch
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from gsdistill.device import resolve_device
+    dev = str(resolve_device(device))
     enc = TextEncoder(encoder, device=dev)
     cache = shard_dir / CACHE_DIR
     cache.mkdir(exist_ok=True)

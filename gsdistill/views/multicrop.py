@@ -11,8 +11,9 @@ page's span and layout boxes go through the same albumentations transforms and
 dropped with their labels); pretraining does not use them, so it is off by default.
 Each student global view also gets an iBOT block mask over its patch grid.
 
-``collate_pretrain`` stacks samples into the view-major batch the model consumes (see
-``INTERFACES``: every page's view 0, then every page's view 1, ...).
+``collate_pretrain`` stacks samples into the view-major batch the model consumes
+(:meth:`gsdistill.models.gsdistill_model.GSDistill.forward`): every page's view 0, then every
+page's view 1, ...
 """
 from __future__ import annotations
 

@@ -1,0 +1,41 @@
+"""One CPU-thread setting for every stage, so that two jobs on one machine do not over-subscribe it.
+
+Each stage's config has ``threads`` (``null`` = automatic). The automatic count is the cores this
+process may use (``os.sched_getaffinity``, which ``taskset`` and container CPU sets restrict)
+divided among the processes that share them: the ranks of this machine (``LOCAL_WORLD_SIZE``, set by
+torchrun / deepspeed) and, per rank, the main process plus its DataLoader workers. Each stage's CLI
+calls :func:`apply_threads` once, before any torch work.
+"""
+from __future__ import annotations
+
+import os
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` where that is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS / Windows
+        return os.cpu_count() or 1
+
+
+def default_threads(workers: int = 0) -> int:
+    """``available_cores() // (ranks on this machine * (1 + DataLoader workers))``, at least 1."""
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, available_cores() // (ranks * (1 + max(0, int(workers)))))
+
+
+def apply_threads(threads: int | None, workers: int = 0, ultralytics: bool = False) -> int:
+    """Set torch's intra-op threads to ``threads`` (None: :func:`default_threads`) and return the count.
+
+    ``OMP_NUM_THREADS`` is set too, for processes this one starts. ``ultralytics``: also pin the
+    count Ultralytics' ``select_device`` resets torch to on CPU (its own ``min(8, cores - 1)``).
+    """
+    import torch
+    n = int(threads) if threads else default_threads(workers)
+    torch.set_num_threads(n)
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    if ultralytics:
+        from ultralytics.utils import torch_utils
+        torch_utils.NUM_THREADS = n
+    return n

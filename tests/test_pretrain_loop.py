@@ -1,0 +1,139 @@
+"""The shared training loop with a toy engine: two host syncs per step, the losses' value checks off
+after the first step (on with ``check_every_step``), a NaN loss stops it before the update with
+``TrainingDiverged``, and the one device resolver."""
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from gsdistill.errors import GsdistillError, InputError, TrainingDiverged
+from gsdistill.losses import validation
+from gsdistill.pretrain.data_stream import FixedBatches
+from gsdistill.device import resolve_device
+from gsdistill.pretrain.loop import LoopPlan, Trainer
+
+
+class ToyEngine:
+    """Least squares on a linear layer; every returned value stays a tensor (no sync of its own)."""
+
+    def __init__(self, nan_at: int | None = None):
+        torch.manual_seed(0)
+        self.module = torch.nn.Linear(4, 1)
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=0.1)
+        self.nan_at, self.calls, self.checks, self.weights = nan_at, 0, [], []
+
+    def forward(self, batch):
+        self.calls += 1
+        self.checks.append(validation.checks_enabled())
+        self.weights.append([p.detach().clone() for p in self.module.parameters()])
+        loss = ((self.module(batch["x"]) - batch["y"]) ** 2).mean()
+        if self.calls == self.nan_at:
+            loss = loss * float("nan")
+        return {"total": loss, "fit": loss.detach()}
+
+    def backward_step(self, total, lr):
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad()
+        total.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), float("inf"))
+        self.optimizer.step()
+        return norm
+
+    def weight_norm(self):
+        return torch.linalg.vector_norm(torch.cat([p.detach().reshape(-1) for p in self.module.parameters()]))
+
+
+def _trainer(tmp_path, engine, steps=5, **plan) -> Trainer:
+    g = torch.Generator().manual_seed(1)
+    batches = [{"ids": [f"p{i}" for i in range(8)], "x": torch.randn(8, 4, generator=g),
+                "y": torch.randn(8, 1, generator=g)} for _ in range(3)]
+    return Trainer(OmegaConf.create({}), tmp_path, engine, FixedBatches(batches), plan=LoopPlan(
+        steps=steps, lr_at=lambda s: 0.1, log_every=100, save_at_end=False, **plan))
+
+
+def test_two_host_syncs_per_step_and_checks_off_after_the_first(tmp_path, monkeypatch):
+    engine = ToyEngine()
+    trainer = _trainer(tmp_path, engine)
+    syncs, per_step = [0], []
+    for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _real=real, **k):
+            syncs[0] += 1
+            return _real(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    real_forward = engine.forward
+    monkeypatch.setattr(engine, "forward", lambda b: (per_step.append(syncs[0]), real_forward(b))[1])
+    assert validation.checks_enabled()
+    trainer.fit()
+    steps = [b - a for a, b in zip(per_step, per_step[1:] + [syncs[0]])]
+    # after the first step (which also scans the batch and reads the initial weight norm): exactly
+    # one fetch of the terms before the update and one of the grad / weight norms after it
+    assert steps[1:] == [2, 2, 2, 2] and trainer.host_syncs == 10
+    assert engine.checks == [True, False, False, False, False] and validation.checks_enabled()
+    assert [r["step"] for r in trainer.history] == [1, 2, 3, 4, 5]
+    assert trainer.history[0]["total"] == trainer.history[0]["fit"] > trainer.history[3]["total"]
+
+
+def test_check_every_step_keeps_the_losses_checks_on(tmp_path):
+    engine = ToyEngine()
+    _trainer(tmp_path, engine, steps=3, check_every_step=True).fit()
+    assert engine.checks == [True, True, True] and validation.checks_enabled()
+
+
+def test_pretrain_config_key_debug_checks_sets_check_every_step():
+    from gsdistill.config import load_config
+    from gsdistill.pretrain.loop import pretrain_plan
+    assert pretrain_plan(load_config("pretrain")).check_every_step is False
+    assert pretrain_plan(load_config("pretrain", None, ["train.debug_checks=true"])).check_every_step is True
+
+
+def test_nan_loss_raises_training_diverged_before_the_update(tmp_path):
+    engine = ToyEngine(nan_at=3)
+    trainer = _trainer(tmp_path, engine)
+    with pytest.raises(TrainingDiverged, match=r"step 2: NaN/inf loss terms \['total', 'fit'\].*Last good "
+                                               r"checkpoint: none written yet\. Lower optim.lr") as info:
+        trainer.fit()
+    assert isinstance(info.value, GsdistillError) and trainer.step == 2
+    after = [p.detach() for p in engine.module.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(after, engine.weights[2]))  # the NaN step changed nothing
+    assert not all(torch.equal(a, b) for a, b in zip(after, engine.weights[1]))
+    assert validation.checks_enabled()  # restored on the way out
+
+
+def test_resolve_device():
+    assert resolve_device(None) == resolve_device("auto") == resolve_device("")
+    assert resolve_device("cpu") == torch.device("cpu")
+    if torch.cuda.is_available():
+        assert resolve_device("auto") == resolve_device("cuda") == torch.device("cuda", 0)
+        assert resolve_device("cuda", local_rank=0) == torch.device("cuda", 0)
+        assert resolve_device(f"cuda:{torch.cuda.device_count() - 1}").index == torch.cuda.device_count() - 1
+        with pytest.raises(InputError, match="only"):
+            resolve_device(f"cuda:{torch.cuda.device_count()}")
+    else:
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(InputError, match="no CUDA device"):
+            resolve_device("cuda:0")
+    with pytest.raises(InputError, match="auto, cpu, cuda or cuda:N"):
+        resolve_device("tpu")
+
+
+def test_pretraining_steps_sync_the_host_twice_in_the_loop(tmp_path):
+    from gsdistill.losses.syncs import HostSyncCounter
+    from gsdistill.pretrain.run import run_pretraining
+    from test_pretrain_train import fixed, tiny
+
+    def loop_syncs(steps: int) -> dict[str, int]:
+        cfg = tiny(f"optim.steps={steps}")
+        with HostSyncCounter() as syncs:
+            run_pretraining(cfg, tmp_path / f"s{steps}", fixed(cfg))
+        return syncs.inside("gsdistill/pretrain/loop.py")  # {"op @ file:line": count}
+
+    two, five = loop_syncs(2), loop_syncs(5)
+    # steps 3-5 add one read each of the terms before the update and of the norms after it; the
+    # first step's extra reads (the batch scan, the initial weight norm) do not repeat
+    assert sum(five.values()) - sum(two.values()) == 3 * 2
+    grew = [k for k in five if five[k] != two.get(k, 0)]
+    assert len(grew) == 2 and all(k.startswith("tolist @ ") for k in grew), five

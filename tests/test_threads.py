@@ -1,0 +1,70 @@
+"""One ``threads`` setting per stage: the automatic count, torch's setting, and every CLI applying it."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from gsdistill import threads
+
+
+@pytest.fixture()
+def restore_threads():
+    before, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    yield
+    torch.set_num_threads(before)
+    if env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = env
+
+
+def test_default_divides_the_allowed_cores_among_ranks_and_workers(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert threads.available_cores() == 8
+    assert [threads.default_threads(w) for w in (0, 1, 3, 7, 20)] == [8, 4, 2, 1, 1]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun: two ranks share the machine's cores
+    assert [threads.default_threads(w) for w in (0, 1)] == [4, 2]
+
+
+def test_apply_sets_torch_and_the_environment(restore_threads, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert threads.apply_threads(2) == 2 and torch.get_num_threads() == 2 and os.environ["OMP_NUM_THREADS"] == "2"
+    assert threads.apply_threads(None) == 3 and torch.get_num_threads() == 3
+    assert threads.apply_threads(None, workers=2) == 1 and torch.get_num_threads() == 1
+
+
+def test_ultralytics_device_selection_keeps_the_setting(restore_threads):
+    from ultralytics.utils.torch_utils import select_device
+    threads.apply_threads(1, ultralytics=True)
+    select_device("cpu", verbose=False)  # resets torch to Ultralytics' own count unless pinned
+    assert torch.get_num_threads() == 1
+
+
+class Applied(Exception):
+    """Raised by the fake apply_threads: the stage got as far as applying its setting."""
+
+
+@pytest.mark.parametrize("module,argv,workers", [
+    ("gsdistill.tuples.cli", ["build", "--from", "synthetic", "1", "--out", "unused"], 0),
+    ("gsdistill.pretrain.cli", ["data.num_workers=2"], 2),
+    ("gsdistill.detect.cli", ["train", "workers=3"], 3),
+    ("gsdistill.eval.cli", ["retrieval", "--model", "m", "--pages", "p"], 0),
+    ("gsdistill.retriever.cli", ["train"], 0),
+    ("gsdistill.pipelines.ablate", [], 0),
+    ("gsdistill.pipelines.demo", [], 0),
+])
+def test_every_stage_cli_applies_its_threads_setting(monkeypatch, module, argv, workers):
+    import importlib
+    calls = []
+
+    def fake(n, workers=0, ultralytics=False):
+        calls.append((n, workers))
+        raise Applied()
+    monkeypatch.setattr(threads, "apply_threads", fake)
+    with pytest.raises(Applied):
+        importlib.import_module(module).main([*argv, "threads=3"])
+    assert calls == [(3, workers)]
