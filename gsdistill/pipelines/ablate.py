@@ -221,10 +221,11 @@ def markdown(agg: list[dict], scale: str) -> str:
 
 
 def plot(agg: list[dict], path: Path) -> Path:
-    """``ablation.png``: detection mAP@50 and retrieval Acc@1 per row, mean ± std over seeds."""
+    """``ablation.png``: detection mAP@50, 1-crop and geometric retrieval Acc@1 per row, mean ± std over seeds."""
     nan = (float("nan"), float("nan"))
     columns = {title: ([100 * (a[key] or nan)[0] for a in agg], [100 * (a[key] or nan)[1] for a in agg])
-               for key, title in (("det_mAP50", "detection mAP@50 (%)"), ("retrieval_acc1", "retrieval Acc@1 (%)"))}
+               for key, title in (("det_mAP50", "detection mAP@50 (%)"), ("retrieval_acc1", "retrieval Acc@1, 1 crop (%)"),
+                                 ("geom_acc1", "geometric Acc@1 (%)"))}
     return bar_plot(path, [a["label"] for a in agg], columns)
 
 
