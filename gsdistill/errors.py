@@ -30,6 +30,24 @@ class TrainingDiverged(GsdistillError, RuntimeError):
     message names the step and the last good checkpoint."""
 
 
+class TrainingInterrupted(RuntimeError):
+    """SIGINT/SIGTERM: a checkpoint was written and the run stopped."""
+
+
+def run_training_command(prog: str, run) -> int:
+    """``run()``'s exit code; a training stop is one line on stderr instead of a traceback: a
+    divergence exits 1, a signal (checkpoint written) 130. Shared by the training commands."""
+    import sys
+    try:
+        return run()
+    except TrainingDiverged as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1
+    except TrainingInterrupted as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 130
+
+
 def corrupt(path, exc: BaseException, what: str = "") -> CorruptFileError:
     """``CorruptFileError`` naming ``path`` and the library's own one-line reason."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -85,6 +85,17 @@ class Prepared(NamedTuple):
     used: Tensor
 
 
+def _checked_masks(name: str, scores: Tensor, positives: Tensor | None,
+                   valid: Tensor | None) -> tuple[Tensor | None, Tensor]:
+    """``(valid, positives & valid)`` after the shape/dtype (and, with checks on, value) checks."""
+    check_scores(name, scores)
+    if positives is None:
+        raise ValueError(f"{name}: positives mask is required")
+    positives = check_like(name, "positives", scores, positives, "bool")
+    valid = check_like(name, "valid", scores, valid, "bool")
+    return valid, (positives if valid is None else positives & valid)
+
+
 def prepare_masks(name: str, scores: Tensor, positives: Tensor, valid: Tensor | None,
                   stats: dict | None) -> Prepared:
     """Validate ``scores [B, N]``, ``positives`` and ``valid`` (bool, same shape); count anchors.
@@ -92,12 +103,7 @@ def prepare_masks(name: str, scores: Tensor, positives: Tensor, valid: Tensor | 
     Positives are ``positives & valid``, negatives ``valid & ~positives``; anchors without a
     positive are ``used == False``. Fills ``stats`` (see ``fill_stats``) when given.
     """
-    check_scores(name, scores)
-    if positives is None:
-        raise ValueError(f"{name}: positives mask is required")
-    positives = check_like(name, "positives", scores, positives, "bool")
-    valid = check_like(name, "valid", scores, valid, "bool")
-    pos = positives if valid is None else positives & valid
+    valid, pos = _checked_masks(name, scores, positives, valid)
     pset = positive_set(pos)
     if valid is None:
         n_valid = torch.full_like(pset.count, scores.shape[1])
@@ -114,12 +120,7 @@ def prepare_dense(name: str, scores: Tensor, positives: Tensor, valid: Tensor | 
     """``(valid, positives & valid, used)`` without index lists: the host-sync-free inputs of the
     dense paths that multi-positive losses take with checks off (same checks as ``prepare_masks``,
     minus the value checks that ``checks_enabled`` turns off)."""
-    check_scores(name, scores)
-    if positives is None:
-        raise ValueError(f"{name}: positives mask is required")
-    positives = check_like(name, "positives", scores, positives, "bool")
-    valid = check_like(name, "valid", scores, valid, "bool")
-    pos = positives if valid is None else positives & valid
+    valid, pos = _checked_masks(name, scores, positives, valid)
     n_pos = pos.sum(dim=1)
     used = n_pos > 0
     if stats is not None:

@@ -8,7 +8,6 @@ with ``torchrun --nproc_per_node N -m gsdistill.cli pretrain ...`` (or ``deepspe
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 
@@ -26,20 +25,15 @@ def main(argv: list[str]) -> int:
     if len(configs) > 1:
         parser.error(f"one experiment config at most, got {configs}")
 
-    from gsdistill.pretrain.loop import TrainingDiverged, TrainingInterrupted
+    from gsdistill.errors import run_training_command
     from gsdistill.pretrain.run import resume_config, run_pretraining
     # on resume: the checkpoint's own config, the experiment file and the overrides on top (the
     # changes are listed when the run starts); project errors are handled by gsdistill.cli
     cfg, _, _ = resume_config(configs[0] if configs else None, overrides)
     from gsdistill.threads import apply_threads
     apply_threads(cfg.threads, int(cfg.data.num_workers))
-    try:
-        run_dir = run_pretraining(cfg, args.run_dir)
-    except TrainingDiverged as e:
-        print(f"gsdistill pretrain: {e}", file=sys.stderr)
-        return 1
-    except TrainingInterrupted as e:
-        print(f"gsdistill pretrain: {e}", file=sys.stderr)
-        return 130
-    print(f"run dir: {run_dir}")
-    return 0
+
+    def run() -> int:
+        print(f"run dir: {run_pretraining(cfg, args.run_dir)}")
+        return 0
+    return run_training_command("gsdistill pretrain", run)

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from gsdistill.errors import InputError, TrainingDiverged
+from gsdistill.errors import InputError, TrainingDiverged, TrainingInterrupted
 from gsdistill.losses import validation
 from gsdistill.pretrain import checkpoint
 from gsdistill.pretrain.data_stream import to_device
@@ -48,10 +48,6 @@ __all__ = ["LoopPlan", "NonFiniteBatch", "Trainer", "TrainingDiverged", "Trainin
 
 class NonFiniteBatch(TrainingDiverged):
     """The input batch holds NaN/inf values: the data is at fault, not the optimisation."""
-
-
-class TrainingInterrupted(RuntimeError):
-    """SIGINT/SIGTERM: a checkpoint was written and the run stopped."""
 
 
 # A healthy AdamW step moves the global weight norm by ~1% (each weight by about lr); one that

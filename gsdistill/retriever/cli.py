@@ -71,20 +71,19 @@ def main(argv: list[str]) -> int:
     cfg = load_config("retriever", args.config, args.overrides)
     from gsdistill.threads import apply_threads
     apply_threads(cfg.threads)  # before any torch work
-    from gsdistill.pretrain.loop import TrainingDiverged, TrainingInterrupted
-    try:
-        if args.command == "eval":
-            return _eval(args, cfg)
-        from gsdistill.retriever.pipeline import train_and_evaluate
-        summary = train_and_evaluate(cfg)
-        print(json.dumps(summary, indent=2))
-        return 0
-    except TrainingDiverged as e:
-        print(f"gsdistill retriever {args.command}: {e}", file=sys.stderr)
-        return 1
-    except TrainingInterrupted as e:
-        print(f"gsdistill retriever {args.command}: {e}", file=sys.stderr)
-        return 130
-    except (ValueError, RuntimeError) as e:  # bad data / config: one clear line, no traceback
-        print(f"gsdistill retriever {args.command}: {e}", file=sys.stderr)
-        return 2
+    from gsdistill.errors import TrainingDiverged, TrainingInterrupted, run_training_command
+    prog = f"gsdistill retriever {args.command}"
+
+    def run() -> int:
+        try:
+            if args.command == "eval":
+                return _eval(args, cfg)
+            from gsdistill.retriever.pipeline import train_and_evaluate
+            print(json.dumps(train_and_evaluate(cfg), indent=2))
+            return 0
+        except (TrainingDiverged, TrainingInterrupted):
+            raise  # run_training_command's exit codes
+        except (ValueError, RuntimeError) as e:  # bad data / config: one clear line, no traceback
+            print(f"{prog}: {e}", file=sys.stderr)
+            return 2
+    return run_training_command(prog, run)
