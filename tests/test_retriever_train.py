@@ -9,6 +9,7 @@ import torch
 
 from gsdistill.losses import get_loss
 from gsdistill.retriever.beir import load_beir
+from gsdistill.retriever.groups import GroupSampler
 from gsdistill.retriever.model import DualEncoder
 from gsdistill.retriever.objective import grad_cache_backward, loss_from_embeddings, step_inputs
 from gsdistill.retriever.train import RetrieverTrainer, build_model
@@ -114,57 +115,48 @@ def test_in_batch_off_restricts_each_query_to_its_group(tiny_beir):
 def test_graded_loss_gets_grades_and_trains(tiny_beir, tiny_encoder, tmp_path):
     data = load_beir(tiny_beir)
     cfg = retriever_cfg(tiny_beir, tmp_path, f"model.encoder={tiny_encoder}", "loss.name=wasserstein",
-                        "train.epochs=2", "curriculum.stage2_epochs=1")
+                        "loss.in_batch=false", "train.epochs=2", "curriculum.stage2_epochs=1")
     trainer = RetrieverTrainer(cfg, data, tmp_path / "run", progress=False)
-    inputs = step_inputs(trainer.sampler.epoch_groups(0)[:2], data)
+    groups = trainer.sampler.epoch_groups(0)[:2]
+    inputs = step_inputs(groups, data)
     q, p = torch.randn(2, 32), torch.randn(16, 32)
-    got = loss_from_embeddings(get_loss("wasserstein"), "wasserstein", q, p, lambda x: x, inputs, data, data.qrels)
-    from gsdistill.retriever.groups import candidate_labels
-    grades, valid = candidate_labels(inputs.qids, inputs.cand_idx, data)
-    assert grades.max() == 2 and torch.allclose(got, get_loss("wasserstein")(q @ p.T, grades, valid))
+    got = loss_from_embeddings(get_loss("wasserstein"), "wasserstein", q, p, lambda x: x, inputs, data, data.qrels,
+                               in_batch=False)
+    # reference: row b = query b against its own 8 passages, columns ordered by grade (paper 002 §A)
+    grades = torch.tensor([g.grades for g in groups], dtype=torch.float32)
+    order = torch.argsort(grades, dim=1, descending=True, stable=True)
+    logits = torch.stack([q[b] @ p[8 * b + order[b]].T for b in range(2)])
+    assert grades.max() == 2
+    assert torch.allclose(got, get_loss("wasserstein")(logits, grades.gather(1, order)), atol=1e-6)
     trainer.fit()
     names = [r["loss_name"] for r in trainer.history]
     assert names == ["wasserstein"] * 4 + ["single_lh"] * 2  # two-stage curriculum
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in trainer.history)
 
 
-def test_label_weakening_adds_confident_candidates(tiny_beir, tiny_encoder, tmp_path):
+def test_own_context_equals_the_masked_form_for_row_wise_graded_losses(tiny_beir):
     data = load_beir(tiny_beir)
-    cfg = retriever_cfg(tiny_beir, tmp_path, f"model.encoder={tiny_encoder}", "loss.name=superset_pairwise",
-                        "weakening.enabled=true", "weakening.beta=0.0", "train.epochs=1")
-    trainer = RetrieverTrainer(cfg, data, tmp_path / "run", progress=False)
-    groups = trainer.sampler.epoch_groups(0)
-    weak = trainer.weak_positive_sets(groups)
-    for grp in groups:  # beta = 0: every candidate is plausible; only the annotated ones are not "extra"
-        assert weak[grp.qid] == {i for i, v in zip(grp.doc_idx, grp.grades) if v == 0}
-    cfg.weakening.beta = 1.0
-    assert all(not s for s in trainer.weak_positive_sets(groups).values())
-    cfg.weakening.beta = 0.3
-    trainer.fit()
-    assert trainer.history[0]["weak_extra_positives"] >= 0 and len(trainer.history) == 2
+    inputs = step_inputs(GroupSampler(data, group_size=4, max_positives=2, seed=1).epoch_groups(0)[:3], data)
+    g = torch.Generator().manual_seed(1)
+    q, p = torch.randn(3, 8, generator=g), torch.randn(12, 8, generator=g)
+    from gsdistill.retriever.groups import candidate_labels
+    visible = inputs.group_of.unsqueeze(0) == torch.arange(3).unsqueeze(1)
+    grades, valid = candidate_labels(inputs.qids, inputs.cand_idx, data, visible=visible)
+    for name in ("listnet", "kl"):
+        own = loss_from_embeddings(get_loss(name), name, q, p, lambda x: x, inputs, data, data.qrels, in_batch=False)
+        assert torch.allclose(own, get_loss(name)(q @ p.T, grades, valid), atol=1e-6), name
 
 
-def test_frozen_passage_tower_and_save_load_round_trip(tiny_beir, tiny_encoder, tmp_path):
-    data = load_beir(tiny_beir)
-    cfg = retriever_cfg(tiny_beir, tmp_path, f"model.encoder={tiny_encoder}", "model.shared=false",
-                        "model.freeze_passage=true", "model.pooling=cls", "train.lr=1e-3")
-    trainer = RetrieverTrainer(cfg, data, tmp_path / "run", progress=False)
-    p_before = {n: v.clone() for n, v in trainer.model.passage_encoder.named_parameters()}
-    q_before = {n: v.clone() for n, v in trainer.model.query_encoder.named_parameters()}
-    model = trainer.fit()
-    assert all(torch.equal(p_before[n], v) for n, v in model.passage_encoder.named_parameters())
-    assert any(not torch.equal(q_before[n], v) for n, v in model.query_encoder.named_parameters())
-    assert not model.passage_encoder.training and model.query_encoder.training
-    path = trainer.save({"nDCG@10": 0.5})
-    card = (path / "README.md").read_text()
-    assert "sum_marg_lh" in card and "| nDCG@10 | 0.5000 |" in card and str(tiny_beir) in card
-    loaded = DualEncoder.from_pretrained(path)
-    assert loaded.settings() == model.settings() and loaded.pooling == "cls"
-    texts = ["capital city of France", "a cat purrs"]
-    for kind in ("query", "passage"):
-        assert torch.allclose(model.encode(texts, kind), loaded.encode(texts, kind), atol=1e-6)
-    with pytest.raises(ValueError, match="not a saved dual encoder"):
-        DualEncoder.from_pretrained(tmp_path)
+def test_batch_wasserstein_cannot_tell_rows_apart_so_in_batch_columns_warn(tiny_beir, tiny_encoder):
+    g = torch.Generator().manual_seed(0)
+    scores, grades = torch.randn(4, 12, generator=g), torch.zeros(4, 12)
+    grades[torch.arange(4), torch.tensor([0, 3, 6, 9])] = 2.0  # query b's positive in column 3b
+    swapped = scores[[1, 0, 3, 2]]  # every query scored like another one
+    w = get_loss("wasserstein")
+    assert torch.allclose(w(swapped, grades), w(scores, grades), atol=1e-6)  # same loss: rows are a set
+    with pytest.warns(UserWarning, match="loss.in_batch=false"):
+        RetrieverTrainer(retriever_cfg(tiny_beir, "/tmp", f"model.encoder={tiny_encoder}", "loss.name=Wasserstein"),
+                         load_beir(tiny_beir), "/tmp/x")
 
 
 def test_build_model_rejects_bad_settings(tiny_beir, tiny_encoder):
@@ -175,7 +167,7 @@ def test_build_model_rejects_bad_settings(tiny_beir, tiny_encoder):
         RetrieverTrainer(retriever_cfg(tiny_beir, "/tmp", f"model.encoder={tiny_encoder}", "train.amp=fp8"), data, "/tmp/x")
     with pytest.raises(ValueError, match="graded loss 'wasserstein'"):
         RetrieverTrainer(retriever_cfg(tiny_beir, "/tmp", f"model.encoder={tiny_encoder}", "loss.name=wasserstein",
-                                       "weakening.enabled=true"), data, "/tmp/x")
+                                       "loss.in_batch=false", "weakening.enabled=true"), data, "/tmp/x")
     with pytest.raises(ValueError, match="pooling"):
         build_model(retriever_cfg(tiny_beir, "/tmp", f"model.encoder={tiny_encoder}", "model.pooling=max"))
 

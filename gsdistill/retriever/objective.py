@@ -48,6 +48,8 @@ def loss_from_embeddings(loss_fn, loss_name: str, q_emb: torch.Tensor, p_emb: to
     """Scalar loss of local queries ``q_emb [B, D]`` against candidates ``p_emb [N_local, D]``."""
     if loss_name == "st_mnrl":
         return loss_fn(q_emb, p_emb)
+    if not in_batch and loss_kind(loss_name) == "graded" and weak_positives is None:
+        return own_context_loss(loss_fn, q_emb, p_emb, scale, inputs, data, qrels)
     cand_idx = inputs.cand_idx.to(p_emb.device)
     if cross_device and in_batch:
         p_emb = gather_with_grad(p_emb)
@@ -69,6 +71,29 @@ def loss_from_embeddings(loss_fn, loss_name: str, q_emb: torch.Tensor, p_emb: to
     if getattr(loss_fn, "needs_doc_similarity", False):
         return loss_fn(logits.float(), positives.to(dev), valid.to(dev), doc_sim=(p_emb @ p_emb.T).detach().float())
     return loss_fn(logits.float(), positives.to(dev), valid.to(dev))
+
+
+def own_context_loss(loss_fn, q_emb: torch.Tensor, p_emb: torch.Tensor, scale, inputs: StepInputs,
+                     data: RetrievalData, qrels: dict) -> torch.Tensor:
+    """Graded loss over each query's own ranking context (paper 002 §A: ``H [b, |D_q|]``, row b =
+    query b against its own group): logits and grades ``[B, G]``, each row's columns ordered by
+    grade (highest first), so that column j means "the j-th most relevant passage of the query's
+    context" in every row. For a row-wise loss this equals the masked ``[B, N]`` form; for the
+    batch Gaussian Wasserstein loss it is the form that keeps rows comparable: that loss compares
+    the rows as a distribution (invariant to permuting them), so over shared in-batch columns a
+    query can take another query's target."""
+    n_groups = len(inputs.qids)
+    sizes = torch.bincount(inputs.group_of, minlength=n_groups)
+    if not bool((sizes == sizes[0]).all()):
+        raise ValueError(f"own ranking contexts need equal group sizes, got {sizes.tolist()}")
+    cand = inputs.cand_idx.view(n_groups, -1)  # groups are contiguous, group after group
+    grades = torch.tensor([[float(qrels.get(q, {}).get(data.doc_ids[i], 0)) for i in row]
+                           for q, row in zip(inputs.qids, cand.tolist())]).clamp_min(0)
+    order = torch.argsort(grades, dim=1, descending=True, stable=True)
+    grades = grades.gather(1, order)
+    rows = p_emb.view(n_groups, -1, p_emb.shape[-1])[torch.arange(n_groups).unsqueeze(1), order.to(p_emb.device)]
+    logits = scale(torch.einsum("bd,bgd->bg", q_emb, rows))
+    return loss_fn(logits.float(), grades.to(logits.device), torch.ones_like(grades, dtype=torch.bool, device=logits.device))
 
 
 def autocast_for(device: torch.device, amp: str):

@@ -107,14 +107,18 @@ def interpolate_weights(model: torch.nn.Module, start: dict[str, torch.Tensor], 
 
 def train_and_evaluate(cfg: DictConfig, run_dir: str | Path | None = None,
                        passage_embeddings: torch.Tensor | None = None, progress: bool = True,
-                       save_model: bool = True) -> dict:
+                       save_model: bool = True, augment_train=None) -> dict:
     """Train on ``cfg`` and evaluate on the held-out data; returns the summary written to summary.json.
 
     ``save_model=False`` skips writing the weights (sweeps of many runs would fill the disk).
+    ``augment_train(train_data) -> RetrievalData``: extra training queries (same corpus) added
+    before noise and mining, e.g. ``tools/retriever_pseudo_queries.py``; the eval data is untouched.
     """
     run_dir = Path(run_dir) if run_dir is not None else make_run_dir(cfg)
     init_distributed()  # no-op unless launched by torchrun with WORLD_SIZE > 1
     loaded, train_data, eval_data = load_split(cfg)
+    if augment_train is not None:
+        train_data = augment_train(train_data)
     report_data({"loaded": loaded, "train": train_data, "eval": eval_data}, run_dir, quiet=not progress)
     model = build_model(cfg)
     if cfg.model.freeze_passage and passage_embeddings is None:
