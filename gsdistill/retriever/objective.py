@@ -91,9 +91,11 @@ def own_context_loss(loss_fn, q_emb: torch.Tensor, p_emb: torch.Tensor, scale, i
                            for q, row in zip(inputs.qids, cand.tolist())]).clamp_min(0)
     order = torch.argsort(grades, dim=1, descending=True, stable=True)
     grades = grades.gather(1, order)
-    rows = p_emb.view(n_groups, -1, p_emb.shape[-1])[torch.arange(n_groups).unsqueeze(1), order.to(p_emb.device)]
+    dim = p_emb.shape[-1]
+    rows = p_emb.view(n_groups, -1, dim).gather(1, order.to(p_emb.device).unsqueeze(-1).expand(-1, -1, dim))
     logits = scale(torch.einsum("bd,bgd->bg", q_emb, rows))
-    return loss_fn(logits.float(), grades.to(logits.device), torch.ones_like(grades, dtype=torch.bool, device=logits.device))
+    valid = torch.ones(grades.shape, dtype=torch.bool, device=logits.device)
+    return loss_fn(logits.float(), grades.to(logits.device), valid)
 
 
 def autocast_for(device: torch.device, amp: str):
