@@ -4,14 +4,14 @@ negatives, over query folds and seeds, each paired against zero-shot MiniLM on t
     .venv/bin/python tools/retriever_table.py [--out runs/retriever_table] [--folds 4] [--seeds 0 1 2 3]
         [--epochs E] [--only KEY ...] [--set key=value ...]
 
-Rows: zero-shot; SingleLH, LSEPair, SumMargLH, Wasserstein (own ranking context) and sentence-
-transformers' MNRL (same mined negatives, same loop); then paper 004's comparison at 30% injected
-label noise: CE (= the multi-positive cross-entropy SumMargLH), NCE, GCE, AGCE, AUL, LS, ELS, LR,
-NCE+AGCE, NCE+AUL and label weakening. The frozen passage tower's corpus embeddings are computed
-once and cached in OUT (keyed by encoder, max length, pooling and corpus size); mined negatives are
-cached in OUT/mined_negatives (keyed by what produced them). Results: OUT/results.csv (one line per
-run; a rerun skips runs already there), OUT/per_query/ (per-query nDCG@10 of every run),
-OUT/table.md and OUT/table.png (nDCG@10 per method).
+Rows: zero-shot; SingleLH, LSEPair, SumMargLH, Wasserstein (own ranking context) and
+sentence-transformers' MNRL (same mined negatives, same loop); then paper 004's comparison at 30%
+injected label noise: CE (= the multi-positive cross-entropy SumMargLH), NCE, GCE, AGCE, AUL, LS,
+ELS, LR, NCE+AGCE, NCE+AUL and label weakening. The frozen passage tower's corpus embeddings are
+computed once and cached in OUT (keyed by encoder, max length, pooling and corpus size); mined
+negatives are cached in OUT/mined_negatives (keyed by what produced them). Results: OUT/results.csv
+(one line per run; a rerun skips runs already there), OUT/per_query/ (per-query nDCG@10 of every
+run), OUT/table.md and OUT/table.png (nDCG@10 per method).
 The Δ column is the mean paired nDCG@10 difference to zero-shot over the 40 queries (each query's
 difference averaged over seeds) with a 95% paired bootstrap interval; "> 0-shot" counts runs whose
 fold mean beats zero-shot's.
