@@ -57,7 +57,7 @@ from gsdistill.losses.graded_common import GradedLoss, prepare_graded
 from gsdistill.losses.validation import big_negative
 
 
-def gaussian_w2_from_samples(x: Tensor, y: Tensor, cross: Tensor | None = None) -> Tensor:
+def gaussian_w2_from_samples(x: Tensor, y: Tensor) -> Tensor:
     """Squared 2-Wasserstein distance between Gaussians fitted to the rows of ``x``, ``y: [n, D]``.
 
     ``W = ||mu_x - mu_y||^2 + tr(C_x + C_y - 2 (C_x^{1/2} C_y C_x^{1/2})^{1/2})`` with the
@@ -67,7 +67,6 @@ def gaussian_w2_from_samples(x: Tensor, y: Tensor, cross: Tensor | None = None) 
     Since ``tr (C_x^{1/2} C_y C_x^{1/2})^{1/2} = ||Xc Yc^T||_* / (n - 1)`` (the eigenvalues of
     C_x C_y are the squared singular values of Xc Yc^T / (n - 1)), only an ``[n, n]`` matrix
     is decomposed, never ``[D, D]``, and ``svdvals`` has stable gradients. n == 1: mean term only.
-    ``cross``: ``Xc Yc^T [n, n]`` when the caller has a cheaper exact form.
     """
     if x.shape != y.shape or x.dim() != 2:
         raise ValueError(f"gaussian_w2_from_samples: shapes {tuple(x.shape)} and {tuple(y.shape)} "
@@ -77,8 +76,7 @@ def gaussian_w2_from_samples(x: Tensor, y: Tensor, cross: Tensor | None = None) 
     mean_term = (x_mean - y_mean).square().sum()
     if n < 2:
         return mean_term
-    if cross is None:
-        cross = (x - x_mean) @ (y - y_mean).t()
+    cross = (x - x_mean) @ (y - y_mean).t()
     # ||Xc||^2 = ||X||^2 - n ||mean||^2: no centred [n, D] copy (exact up to rounding in float64)
     spread = (x.square().sum() - n * x_mean.square().sum()) + (y.square().sum() - n * y_mean.square().sum())
     return mean_term + (spread - 2.0 * torch.linalg.svdvals(cross).sum()) / (n - 1)
@@ -88,8 +86,18 @@ def sparse_centred_cross(x: Tensor, idx: Tensor, s_vals: Tensor) -> Tensor:
     """``(I - J) X S^T (I - J)`` for ``S[b, idx[b, p]] = s_vals[b, p]`` (0 elsewhere; a padding
     slot carries ``s_vals = 0``): ``x: [n, N]``, ``idx, s_vals: [n, P]`` -> ``[n, n]``."""
     n, slots = idx.shape
-    picked = torch.gather(x, 1, idx.reshape(1, -1).expand(n, -1)).view(n, n, slots)  # x[a, idx[b, p]]
-    return _double_centre((picked * s_vals).sum(dim=2))  # xs[a, b] = sum_p x[a, idx[b, p]] s[b, p]
+    rows = torch.arange(n, device=idx.device).repeat_interleave(slots)
+    cols = idx.reshape(-1)
+    return _centred_cross_from_columns(x[:, cols], rows, s_vals.reshape(-1))
+
+
+def _centred_cross_from_columns(x_cols: Tensor, rows: Tensor, s_vals: Tensor) -> Tensor:
+    """``M = (I - J) X S^T (I - J)`` from X read at the K graded entries only: ``x_cols [n, K]``
+    (``x[a, cols[k]]``), ``rows [K]`` (the anchor of entry k), ``s_vals [K]``."""
+    n = x_cols.shape[0]
+    xs = torch.zeros(n, n, dtype=x_cols.dtype, device=x_cols.device).scatter_add_(
+        1, rows.expand(n, -1), x_cols * s_vals)  # (X S^T)[a, b] = sum_k [rows_k = b] x[a, cols_k] s_k
+    return _double_centre(xs)
 
 
 def _double_centre(m: Tensor) -> Tensor:
@@ -182,9 +190,7 @@ class _SparseW2(torch.autograd.Function):
         value = (x_mean - y_mean).square().sum()
         left = v = None
         if n >= 2:
-            xs = torch.zeros(n, n, dtype=f64, device=dev).scatter_add_(
-                1, rows.expand(n, -1), x_cols * s_vals)  # (X S^T)[a, b]
-            nuclear, left, v = _nuclear_norm(_double_centre(xs))  # of M = Xc Yc^T
+            nuclear, left, v = _nuclear_norm(_centred_cross_from_columns(x_cols, rows, s_vals))  # M = Xc Yc^T
             spread = (x_sq.sum() - n * x_mean.square().sum()) + (y_sq - n * y_mean.square().sum())
             value = value + (spread - 2.0 * nuclear) / (n - 1)
         ctx.save_for_backward(x, x_mean, y_mean, x_sq, x_cols, s_vals, rows, cols, left, v)
