@@ -12,7 +12,8 @@ the same matrix in their own form: DINO (2 student views, 2 teacher views of [B,
 rows as masked patches), KoLeo and KoLeo-hybrid (the rows as embeddings). "ranknet" and
 "approx_ndcg" run their default (``neg_samples="auto"``: 256 sampled grade-0 candidates at this
 N), "@exact" every pair; "wasserstein" its sparse exact cross term, "wasserstein@dense" the dense
-product. Ends with PASS / FAIL lines for the goals: Wasserstein <= 5x CE. CPU runs use 1 thread
+product. Ends with PASS / FAIL lines for the goals (Wasserstein <= 5x CE), judged on the worse of
+the median and fastest-run ratios so that load on CE alone cannot pass a goal. CPU runs use 1 thread
 by default (see ``--threads``). ``--only a,b`` times just those losses (and CE). ``--csv`` writes
 the table.
 """
@@ -31,7 +32,7 @@ from gsdistill.losses import LOSS_KIND, get_loss, sinkhorn_knopp, wasserstein_lo
 
 VARIANTS = {"ranknet@exact": ("ranknet", {"neg_samples": None}),
             "approx_ndcg@exact": ("approx_ndcg", {"neg_samples": None})}
-GOALS = {"wasserstein": 5.0}  # loss -> most x CE (median ratio)
+GOALS = {"wasserstein": 5.0}  # loss -> most x CE (the worse of the median and fastest-run ratios)
 
 
 def make_inputs(batch: int, n_cand: int, max_pos: int, device: torch.device, seed: int = 0) -> dict:
@@ -139,11 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['loss']:<18} | {r['kind']:<14} | {r['median_ms']:>8.2f} | {r['ratio_median']:>6.2f} "
               f"| {r['ratio_min']:>6.2f} |")
-    ratios = {r["loss"]: r["ratio_median"] for r in rows}
+    # a goal is judged on the worse of the two ratios: load that slows only CE's runs inflates its
+    # median and can halve the median ratio (seen: 4.50x median against 10.3x fastest-run ratio)
+    ratios = {r["loss"]: max(r["ratio_median"], r["ratio_min"]) for r in rows}
     for name, most in GOALS.items():
         if name in ratios:
             verdict = "PASS" if ratios[name] <= most else "FAIL"
-            print(f"{verdict}: {name} {ratios[name]:.2f}x CE (goal <= {most:g}x)")
+            print(f"{verdict}: {name} {ratios[name]:.2f}x CE (worse of median and fastest-run ratio; "
+                  f"goal <= {most:g}x)")
     if args.csv:
         with open(args.csv, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
