@@ -7,6 +7,8 @@ sub-command runs, so ``gsdistill retriever ...`` never imports Ultralytics or De
 from __future__ import annotations
 
 import importlib
+import os
+import re
 import sys
 
 # sub-command -> (module, one-line help)
@@ -30,8 +32,27 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def take_local_rank(argv: list[str]) -> list[str]:
+    """``argv`` without the ``--local_rank=K`` (or ``--local-rank K``) the ``deepspeed`` launcher puts
+    before the command name (``python -m gsdistill.cli --local_rank=K pretrain ...``); ``K`` goes to
+    ``LOCAL_RANK`` unless the launcher set it there already, which is where every stage reads it."""
+    argv = list(argv)
+    while argv:
+        m = re.fullmatch(r"--local[_-]rank(?:=(\d+))?", argv[0])
+        if m is None:
+            break
+        if m.group(1) is None and len(argv) > 1 and argv[1].isdigit():
+            value, argv = argv[1], argv[2:]
+        elif m.group(1) is not None:
+            value, argv = m.group(1), argv[1:]
+        else:
+            break
+        os.environ.setdefault("LOCAL_RANK", value)
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = take_local_rank(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0

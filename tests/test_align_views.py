@@ -40,5 +40,5 @@ def test_masked_alignment_reads_the_masked_views():
 
 def test_unknown_align_views_is_a_config_error():
     from gsdistill.config import ConfigError
-    with pytest.raises(ConfigError, match="'objective.align_views': 'visible' is not one of unmasked | masked"):
-        _terms("objective.align_views=visible")
+    with pytest.raises(ConfigError, match="'objective.align_views': 'hidden' is not one of unmasked | visible | masked"):
+        _terms("objective.align_views=hidden")

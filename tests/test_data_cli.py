@@ -67,6 +67,10 @@ def test_embed_caches_minilm_vectors(tmp_path):
     assert main(["embed", str(out), "embed.max_spans=3", "embed.device=cpu"]) == 0
     (page,) = read_pages(out)
     assert page["sem_emb"].shape == (min(3, len(page["spans"])), 384)
-    assert np.allclose(np.linalg.norm(page["sp_sem_emb"]), 1.0, atol=1e-3)  # MiniLM output is L2-normalised
+    assert np.allclose(np.linalg.norm(page["sem_emb"], axis=1), 1.0, atol=1e-3)  # MiniLM output is L2-normalised
+    assert "sp_sem_emb" not in page  # the whole-page texts only for the single-positive rows (embed.positives)
     meta = json.loads((out / "embeddings" / "meta.json").read_text())
-    assert meta["encoder"] == "all-MiniLM-L6-v2" and meta["max_spans"] == 3
+    assert meta["encoder"] == "all-MiniLM-L6-v2" and meta["max_spans"] == 3 and meta["fields"] == ["sem", "geom"]
+    assert main(["embed", str(out), "embed.max_spans=3", "embed.device=cpu", "embed.positives=single"]) == 0
+    (page,) = read_pages(out)
+    assert np.allclose(np.linalg.norm(page["sp_sem_emb"]), 1.0, atol=1e-3)

@@ -67,7 +67,9 @@ def test_results_are_sane(demo_run):
     held = [r for r in ret if r["split"] == "held-out"]
     assert {r["n_pages"] for r in held} == {12} and {(r["head"], r["k"]) for r in held} == {
         ("geom", "all"), ("sem", 1), ("sem", 5), ("sem", 8)}
-    assert set(res["times_s"]) == {"tuples", "embed", "pretrain", "control", "detect", "retrieval", "report"}
+    assert set(res["times_s"]) == {"tuples", "embed", "pretrain", "control", "detect", "human labels", "retrieval",
+                                   "report"}
+    assert res["human_labels"] is None  # no human_labels folder given
 
 
 def test_pretraining_logged_every_term_finite(demo_run):

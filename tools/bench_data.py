@@ -75,11 +75,7 @@ def bench_synthetic(n: int, width: int, height: int) -> float:
 
 
 def bench_loading(shards: Path, cfg, workers: int, batches: int) -> float:
-    v = cfg.views
-    views = MultiCropViews(global_size=v.global_size, local_size=v.local_size, n_global=v.n_global,
-                           n_local=v.n_local, global_scale=tuple(v.global_scale), local_scale=tuple(v.local_scale),
-                           mask_prob=v.mask_prob, mask_ratio=tuple(v.mask_ratio), max_spans=v.max_spans,
-                           hflip=bool(v.hflip), color_jitter=float(v.color_jitter), blur_prob=float(v.blur_prob))
+    views = MultiCropViews.from_config(cfg.views, patch_size=16, seed=0)
     ds = ShardDataset(shards, rank=0, world_size=1, transform=WithStandInEmbeddings(views), embeddings=False)
     loader = torch.utils.data.DataLoader(ds, batch_size=int(cfg.optim.batch_size), num_workers=workers,
                                          collate_fn=collate_pretrain, persistent_workers=False)

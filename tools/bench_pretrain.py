@@ -9,10 +9,13 @@ For each model (the demo ViT of configs/pretrain/default.yaml and ViT-S/16 with 
    off after the first step as the loop does. Goal: <= 2 (the loop's two reads: the loss terms
    before the update, the norms after it);
 3. side by side in one run: the full training step (``Trainer`` with logging, finite checks,
-   schedules, EMA; batches already in memory) vs the bare compute it cannot avoid: student
-   forward+backward and teacher forward through the same backbone and heads on the same views,
-   with no losses, EMA, optimizer, logging or data movement (goal: full / bare <= 1.2), and the
-   full step with ``train.compile=true`` (a compile failure is reported as a line);
+   schedules, EMA; batches already in memory) vs the bare compute it cannot avoid: every
+   student forward+backward the objective needs (with ``objective.align_views: unmasked`` the
+   second, unmasked pass over the global views that the alignment heads read) and the teacher
+   forward, through the same backbone and heads on the same views, with no losses, EMA,
+   optimizer, logging or data movement (goal: full / bare <= 1.2), for each ``align_views``
+   choice of ``--align-views`` (their full steps side by side), and the full step with
+   ``train.compile=true`` (a compile failure is reported as a line);
 4. model FLOP/s of the step (FLOPs counted by ``torch.utils.flop_counter`` on the bare compute,
    divided by the full step time) as a share of the measured fp32 matmul FLOP/s;
 5. the data pipeline's time per batch (shards -> views -> collate) on synthetic pages, when the
@@ -21,6 +24,7 @@ For each model (the demo ViT of configs/pretrain/default.yaml and ViT-S/16 with 
 Every goal ends as a ``PASS: ...`` or ``FAIL: ...`` line.
 
     python tools/bench_pretrain.py [--steps 4] [--pages 4] [--models demo,vit_s16] [--no-compile]
+                                   [--align-views unmasked,visible]
 """
 from __future__ import annotations
 
@@ -60,14 +64,19 @@ def matmul_flops(n: int = 2048, reps: int = 5) -> float:
 
 
 def bare_step(model: GSDistill, batch: dict) -> None:
-    """Student forward+backward and teacher forward on the same views and heads; no losses."""
+    """Every student forward+backward and the teacher forward the objective runs, on the same views
+    and heads; no losses."""
     glob, local, masks = batch["global_crops"], batch["local_crops"], batch["masks"]
     h, patches = encode_views(model.backbone, glob, masks, model.mask_token, with_patches=True)
+    h_align, p_align = h, patches
+    if model.align_views == "unmasked":  # the heads' own pass over the global views
+        h_align, p_align = encode_views(model.backbone, glob, with_patches=max(model.pool_grid.values()) > 0)
     h_local = encode_views(model.backbone, local)[0]
     index = masked_patch_index(masks)
     outs = [model.dino_head(torch.cat([h, h_local])), model.dino_head(patches.flatten(0, 1)[index])]
     for name, head in model.align.items():
-        outs += [head.embed_pages(h), head.embed_text(batch[f"{name}_emb"])]
+        outs += [head.embed_pages(model.head_inputs(h_align, p_align, glob.shape[-2:], name)),
+                 head.embed_text(model._texts(batch, name)[0])]
     with torch.no_grad():
         t_h, t_patches = encode_views(model.teacher["backbone"], glob, with_patches=True)
         t_local = encode_views(model.teacher["backbone"], local)[0]
@@ -96,10 +105,12 @@ def verdict(ok: bool, what: str) -> None:
     print(f"{'PASS' if ok else 'FAIL'}: {what}")
 
 
-def make_trainer(name: str, pages: int, run_dir: Path, compiled: bool) -> tuple[Trainer, GSDistill, dict, object]:
+def make_trainer(name: str, pages: int, run_dir: Path, compiled: bool,
+                 align_views: str = "unmasked") -> tuple[Trainer, GSDistill, dict, object]:
     experiment, extra = MODELS[name]
     cfg = load_config("pretrain", experiment, COMMON + extra + [f"optim.batch_size={pages}", "optim.steps=1000",
-                                                                 f"train.compile={str(compiled).lower()}"])
+                                                                 f"train.compile={str(compiled).lower()}",
+                                                                 f"objective.align_views={align_views}"])
     torch.manual_seed(0)
     model = GSDistill(cfg)
     batch = tensor_batch(cfg, pages, seed=0, patch_size=int(model.backbone.patch_embed.patch_size[0]))
@@ -121,8 +132,13 @@ def count_syncs(trainer: Trainer) -> HostSyncCounter:
     return syncs
 
 
-def bench_model(name: str, steps: int, pages: int, run_root: Path, peak: float, with_compile: bool) -> None:
-    trainer, model, batch, cfg = make_trainer(name, pages, run_root / name, False)
+def bench_model(name: str, steps: int, pages: int, run_root: Path, peak: float, with_compile: bool,
+                variants: list[str]) -> None:
+    trainer, model, batch, cfg = make_trainer(name, pages, run_root / name, False, variants[0])
+    others = {v: make_trainer(name, pages, run_root / f"{name}-{v}", False, v) for v in variants[1:]}
+    for other, *_ in others.values():
+        add_mask_index(other)
+        run_steps(other, 1)  # its first step, with value checks
     run_steps(trainer, 1)  # the first step runs with the losses' value checks, as in the loop
     validation.set_checks(False)  # ... which turns them off after it (each fit() restores this state)
     syncs_no_index = count_syncs(trainer)
@@ -133,7 +149,7 @@ def bench_model(name: str, steps: int, pages: int, run_root: Path, peak: float, 
     compiled, compile_error = None, None
     if with_compile:
         try:
-            compiled = make_trainer(name, pages, run_root / f"{name}-compiled", True)[0]
+            compiled = make_trainer(name, pages, run_root / f"{name}-compiled", True, variants[0])[0]
             add_mask_index(compiled)
             t = time.perf_counter()
             run_steps(compiled, 2)  # compiles (student, teacher, heads), then reuses
@@ -141,12 +157,19 @@ def bench_model(name: str, steps: int, pages: int, run_root: Path, peak: float, 
         except Exception as e:  # noqa: BLE001 - a failed compile is a result, not a crash
             compiled, compile_error = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     full_times, bare_times, comp_times = [], [], []
+    side = {v: ([], []) for v in others}  # full, bare of each other align_views choice
     for _ in range(steps + 1):  # alternate, so all see the same machine load; the first warms up
         run_steps(trainer, 1)
         full_times.append(trainer.history[-1]["step_s"])
         t = time.perf_counter()
         bare_step(model, batch)
         bare_times.append(time.perf_counter() - t)
+        for v, (other, other_model, other_batch, _) in others.items():
+            run_steps(other, 1)
+            side[v][0].append(other.history[-1]["step_s"])
+            t = time.perf_counter()
+            bare_step(other_model, other_batch)
+            side[v][1].append(time.perf_counter() - t)
         if compiled is not None:
             run_steps(compiled, 1)
             comp_times.append(compiled.history[-1]["step_s"])
@@ -160,16 +183,22 @@ def bench_model(name: str, steps: int, pages: int, run_root: Path, peak: float, 
           f"params, {pages} pages x ({cfg.views.n_global}x{cfg.views.global_size}px + "
           f"{cfg.views.n_local}x{cfg.views.local_size}px), DINO K={cfg.model.dino_out_dim}")
     print("per-step breakdown (profiler, inclusive CPU time; student_* include heads' forward only):")
-    for key in ("data", "student_global", "student_local", "teacher", "sem", "geom", "koleo", "distill", "ibot",
+    for key in ("data", "student_global", "student_global_unmasked", "student_local", "teacher", "sem", "geom",
+                "koleo", "distill", "ibot",
                 "backward", "optimizer", "ema"):
         if key in parts:
-            print(f"  {key:<15} {parts[key] * 1e3:9.1f} ms")
+            print(f"  {key:<24} {parts[key] * 1e3:9.1f} ms")
     print(f"host syncs per step  {syncs.total} with the batch's mask_index, {syncs_no_index.total} without "
           "(value checks off after step 1; AdamW's CPU step counters not counted; where:)")
     for where, n in syncs.where.most_common(8):
         print(f"  {n:3d}  {where}")
     print(f"full training step  {full * 1e3:9.1f} ms   (median of {steps})")
-    print(f"bare compute        {bare * 1e3:9.1f} ms   ratio full/bare = {full / bare:.2f}x (goal <= 1.2x)")
+    print(f"bare compute        {bare * 1e3:9.1f} ms   ratio full/bare = {full / bare:.2f}x (goal <= 1.2x)"
+          f"   [align_views={variants[0]}]")
+    for v, (f_times, b_times) in side.items():
+        f_v, b_v = statistics.median(f_times[1:]), statistics.median(b_times[1:])
+        print(f"align_views={v:<9} full {f_v * 1e3:9.1f} ms, bare {b_v * 1e3:9.1f} ms, full/bare = {f_v / b_v:.2f}x; "
+              f"full step {variants[0]} / {v} = {full / f_v:.2f}x, bare {variants[0]} / {v} = {bare / b_v:.2f}x")
     if compiled is not None:
         comp = statistics.median(comp_times[1:])
         print(f"compiled full step  {comp * 1e3:9.1f} ms   eager / compiled = {full / comp:.2f}x "
@@ -207,13 +236,16 @@ def main() -> None:
     parser.add_argument("--models", default="demo,vit_s16")
     parser.add_argument("--no-data", action="store_true")
     parser.add_argument("--no-compile", action="store_true", help="skip the train.compile=true timing")
+    parser.add_argument("--align-views", default="unmasked,visible",
+                        help="objective.align_views choices timed side by side (the first gets every measure)")
     args = parser.parse_args()
     peak = matmul_flops()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul {peak / 1e9:.0f} GFLOP/s")
     with tempfile.TemporaryDirectory() as tmp:
         try:
             for name in args.models.split(","):
-                bench_model(name, args.steps, args.pages, Path(tmp), peak, not args.no_compile)
+                bench_model(name, args.steps, args.pages, Path(tmp), peak, not args.no_compile,
+                            args.align_views.split(","))
         finally:
             validation.set_checks(True)
         if not args.no_data:

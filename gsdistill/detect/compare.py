@@ -93,7 +93,7 @@ def _one_row(name: str, spec, reference, data: Path, cfg: DictConfig, out: Path,
             "trainable_params": params["params_trainable"], "total_params": params["params_total"],
             "frozen_backbone": frozen, "train_s": round(train_s, 1), "wall_s": round(time.time() - t0, 1),
             "cpu_s": round(time.process_time() - cpu0, 1),
-            "run_dir": str(run_dir)}
+            "run_dir": str(run_dir), "val_dir": report["save_dir"]}
 
 
 def compare_backbones(data, backbones: dict[str, str | Path | None], seeds: Iterable[int] = (0, 1),
@@ -111,7 +111,8 @@ def compare_backbones(data, backbones: dict[str, str | Path | None], seeds: Iter
     Returns:
         rows ``{backbone, seed, map50, map50_95 (pycocotools, fractions), ul_map50, ul_map50_95 (Ultralytics),
         optimizer_steps, epochs, imgsz, trainable_params, total_params, frozen_backbone, train_s, wall_s,
-        cpu_s (this process's CPU seconds, train + val: the budget on a shared machine), run_dir}``, in
+        cpu_s (this process's CPU seconds, train + val: the budget on a shared machine), run_dir, val_dir
+        (holds the val split's ``predictions.json``, for :mod:`gsdistill.detect.map_bootstrap`)}``, in
         the order seeds x backbones. Also written to ``out_dir/rows.json`` after every row.
     """
     cfg = cfg if cfg is not None else load_config("detect", "compare")

@@ -8,7 +8,8 @@ Every output folder also holds
 - ``manifest.json``: counts per split and every skipped image/box with its reason (nothing is
   dropped silently);
 - ``coco_eval.json``: per split, the COCO json to score against with pycocotools, the map from
-  image file stem to that json's image id and the json category id of each class index; so
+  image file stem to that json's image id and the json category id of each class index (page
+  tuples also record ``doc_ids``: file stem -> document, for a bootstrap over documents); so
   :func:`gsdistill.detect.evaluate.coco_eval` scores Ultralytics' own predictions against the
   boxes that were trained on (``coco/<split>.json``: clipped to the image like the labels).
 Images are symlinked from the source (copied where links are impossible), never re-encoded.
@@ -206,12 +207,16 @@ def pages_to_yolo(pages: Iterable[dict], out_dir: str | Path, val_fraction: floa
         split_of = {r[0]: ("val" if r[0] in held else "train") for r in records}
     else:
         split_of = assign_splits((r[0] for r in records), val_fraction, seed)
-    for s in ("train", "val"):
+    # an evaluation-only set (every document named in val_docs) has no train split; otherwise both
+    # splits must hold pages (Writer.finish says which one is empty)
+    splits = ("val",) if val_docs is not None and set(split_of.values()) == {"val"} else ("train", "val")
+    for s in splits:
         writer.start_split(s)
     for item, reason in skipped:
-        writer.skip("train", item, reason)
+        writer.skip(splits[0], item, reason)
     coco = {s: {"images": [], "annotations": [],
-                "categories": [{"id": i + 1, "name": n} for i, n in enumerate(names)]} for s in ("train", "val")}
+                "categories": [{"id": i + 1, "name": n} for i, n in enumerate(names)]} for s in splits}
+    image_ids, doc_ids = {"train": {}, "val": {}}, {"train": {}, "val": {}}  # both splits rewritten: no stale stems
     for doc, stem, lines, anns, w, h in records:  # pass 2: place each page in its document's split
         s = split_of[doc]
         image_path = writer.add(s, stem, lines, staging / f"{stem}.png", move=True)
@@ -219,14 +224,14 @@ def pages_to_yolo(pages: Iterable[dict], out_dir: str | Path, val_fraction: floa
         coco[s]["images"].append({"id": image_id, "file_name": image_path.name, "width": w, "height": h})
         for ann in anns:
             coco[s]["annotations"].append({"id": len(coco[s]["annotations"]) + 1, "image_id": image_id, **ann})
-        writer.sidecar.setdefault(s, {"image_ids": {}})["image_ids"][stem] = image_id
+        image_ids[s][stem], doc_ids[s][stem] = image_id, doc  # doc: what a bootstrap over documents resamples
     shutil.rmtree(staging)
     (writer.out / "coco").mkdir(exist_ok=True)
-    for s in ("train", "val"):
+    for s in splits:
         path = writer.out / "coco" / f"{s}.json"
         path.write_text(json.dumps(coco[s]))
         writer.sidecar[s] = {"coco_json": str(path.resolve()),
-                             "image_ids": writer.sidecar.get(s, {}).get("image_ids", {}),
+                             "image_ids": image_ids[s], "doc_ids": doc_ids[s],
                              "category_ids": list(range(1, len(names) + 1))}
     return writer.finish()
 

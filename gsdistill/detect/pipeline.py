@@ -127,13 +127,48 @@ def _attach(model: YOLO, run_dir: Path, callbacks: dict | None) -> None:
             model.add_callback(event, fn)
 
 
+_DETERMINISM_ENV = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")
+
+
+@contextlib.contextmanager
+def determinism_kept():
+    """Torch's process-wide determinism settings as they were before, once the block ends.
+
+    Ultralytics' trainer switches deterministic algorithms on for the whole process while it trains
+    (``train_args`` asks for them); releases before 8.4 left them on, so every later stage of the
+    process (the next ``ablate`` row) ran slower, and later ones switch them off and drop
+    ``CUBLAS_WORKSPACE_CONFIG`` / ``PYTHONHASHSEED`` even where the user had set them."""
+    import torch.utils.deterministic as deterministic
+
+    flags = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    fill, env = deterministic.fill_uninitialized_memory, {k: os.environ.get(k) for k in _DETERMINISM_ENV}
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+        deterministic.fill_uninitialized_memory = fill
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def train_head(cfg: DictConfig, callbacks: dict[str, list] | None = None) -> Path:
     """Fine-tune the detection head (backbone frozen unless ``frozen=false``); return the Ultralytics run dir.
 
     The run dir holds ``weights/{best,last}.pt``, Ultralytics' ``results.csv``, the gsdistill
     ``config.yaml``, ``params.json``, ``tensorboard/`` and ``plots/training.png``. ``callbacks``
     (Ultralytics event -> functions of the trainer) are added to the run, e.g. for monitoring.
+    Deterministic algorithms are on while it trains, and as they were before once it returns.
     """
+    with determinism_kept():
+        return _train_head(cfg, callbacks)
+
+
+def _train_head(cfg: DictConfig, callbacks: dict[str, list] | None) -> Path:
     if cfg.resume:
         last = _resume_checkpoint(str(cfg.resume))
         run_dir = last.parent.parent

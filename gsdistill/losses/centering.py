@@ -7,13 +7,12 @@ with B rows each produce what one process with N*B rows would.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from gsdistill.losses.gather import all_reduce_sum, is_distributed
+from gsdistill.losses.precision import fp32, no_autocast
 from gsdistill.losses.validation import check_scores, checks_enabled
 
 
@@ -49,8 +48,13 @@ def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3,
     divided by its sum and by K, each sample column by its sum and by B_global; finally ``Q * B``,
     transposed. DINOv2 / SwAV; paper 003 Table A2 (3 iterations, teacher temperature 0.04).
     After the last step every sample's row sums to 1 and each prototype's mass tends to B/K.
-    Computed in float32 (float64 if given). A rank with no rows (``B = 0``: no masked patch in its
-    share of the batch) takes part in every all-reduce and gets ``[0, K]``; no row anywhere -> ``[0, K]``.
+    Each division by a constant (the total, K, B_global) is followed by a normalisation that does
+    not see the scale (the row sums, then the column sums), and the last ``/ B`` is undone by the
+    final ``* B``: they are skipped, so neither B_global (a collective and a host read per call
+    under several processes) nor the total is needed; the result is the reference's.
+    Computed and returned in float32 (float64 if given), autocast off. A rank with no rows
+    (``B = 0``: no masked patch in its share of the batch) takes part in every all-reduce and gets
+    ``[0, K]``; no row anywhere -> ``[0, K]``.
     When ``(max t - min t) / T <= 60`` (the usual case: the
     DINO head's last layer is weight-normalised, so its logits are bounded) it runs in the exp
     domain after subtracting the global max, as DINOv2 does; otherwise the same arithmetic runs in
@@ -64,48 +68,39 @@ def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3,
     if temperature <= 0 or n_iters < 1:
         raise ValueError(f"sinkhorn_knopp: need temperature > 0 and n_iters >= 1, got "
                          f"{temperature}, {n_iters}")
-    dtype = torch.float64 if teacher_logits.dtype == torch.float64 else torch.float32
-    x = teacher_logits.detach().to(dtype)
-    n_protos = x.shape[1]
-    n_global = x.shape[0]
-    if is_distributed():
-        n_global = int(all_reduce_sum(torch.tensor(x.shape[0], device=x.device)).item())
-    if n_global == 0:  # every rank agrees (the count is all-reduced), so none waits in a collective
-        return teacher_logits.detach().clone()
-    peak = _all_reduce_max(_local_max(x))
-    if logit_bound is not None and 2.0 * logit_bound / temperature <= _EXP_SAFE_SPAN:
-        exp_domain = True
-    elif checks_enabled():
-        exp_domain = float((peak + _all_reduce_max(_local_max(-x))) / temperature) <= _EXP_SAFE_SPAN
-    else:
-        exp_domain = False
-    if exp_domain:
-        return _sinkhorn_exp(x, peak, temperature, n_iters, n_protos, n_global).to(teacher_logits.dtype)
-    log_q = x / temperature  # [B, K]: log Q^T up to a constant
-    log_k, log_b = math.log(n_protos), math.log(n_global)
-    for _ in range(n_iters):
-        log_q = log_q - _global_logsumexp_over_batch(log_q) - log_k
-        log_q = log_q - torch.logsumexp(log_q, dim=1, keepdim=True) - log_b
-    return torch.exp(log_q + log_b).to(teacher_logits.dtype)
+    x = fp32(teacher_logits.detach())
+    if x.shape[0] == 0 and not is_distributed():
+        return x.clone()
+    with no_autocast(x):
+        peak = _all_reduce_max(_local_max(x))
+        if logit_bound is not None and 2.0 * logit_bound / temperature <= _EXP_SAFE_SPAN:
+            exp_domain = True
+        elif checks_enabled():
+            exp_domain = float((peak + _all_reduce_max(_local_max(-x))) / temperature) <= _EXP_SAFE_SPAN
+        else:
+            exp_domain = False
+        if exp_domain:
+            return _sinkhorn_exp(x, peak, temperature, n_iters)
+        log_q = x / temperature  # [B, K]: log Q^T up to a constant
+        for _ in range(n_iters):
+            log_q = log_q - _global_logsumexp_over_batch(log_q)
+            log_q = log_q - torch.logsumexp(log_q, dim=1, keepdim=True)
+        return torch.exp(log_q)
 
 
-# exp(-60) ~ 9e-27: after the divisions by K and B (~1e8 at paper scale) entries stay well above
-# float32's smallest normal, so the exp domain is exact; wider logit ranges use the log domain.
+# exp(-60) ~ 9e-27: after a column normalisation over B_global rows (~1e6 at paper scale) entries
+# stay well above float32's smallest normal, so the exp domain is exact; wider ranges use the log domain.
 _EXP_SAFE_SPAN = 60.0
 
 
-def _sinkhorn_exp(x: Tensor, peak: Tensor, temperature: float, n_iters: int, n_protos: int,
-                  n_global: int) -> Tensor:
+def _sinkhorn_exp(x: Tensor, peak: Tensor, temperature: float, n_iters: int) -> Tensor:
     """DINOv2's form: one exp pass, then in-place divisions (~10x cheaper than two logsumexps
     per iteration on CPU). Caller guarantees ``(max t - min t) / T <= _EXP_SAFE_SPAN``."""
     q = torch.exp((x - peak) / temperature)  # [B, K]; max entry 1, min >= exp(-span)
-    q /= all_reduce_sum(q.sum())
     for _ in range(n_iters):
-        q /= all_reduce_sum(q.sum(dim=0, keepdim=True))
-        q /= n_protos
-        q /= q.sum(dim=1, keepdim=True)
-        q /= n_global
-    return q.mul_(n_global)
+        q /= all_reduce_sum(q.sum(dim=0, keepdim=True))  # each prototype's mass over all ranks
+        q /= q.sum(dim=1, keepdim=True)  # each sample's row sums to 1
+    return q
 
 
 class TeacherCentering(nn.Module):
@@ -143,23 +138,26 @@ class TeacherCentering(nn.Module):
                              f"got {centering!r}")
         if teacher_temp <= 0:
             raise ValueError(f"{name}: teacher_temp must be > 0, got {teacher_temp}")
-        t = teacher_logits.detach()
-        center = self.center.to(device=t.device, dtype=t.dtype)
-        probs = torch.softmax((t - center) / teacher_temp, dim=-1)
+        t = fp32(teacher_logits.detach())
+        with no_autocast(t):
+            probs = torch.softmax((t - self.center.to(device=t.device, dtype=t.dtype)) / teacher_temp, dim=-1)
         self.update_center(t)
         return probs
 
     @torch.no_grad()
     def update_center(self, teacher_logits: Tensor) -> None:
-        """EMA of the global batch mean of the teacher logits."""
-        total = all_reduce_sum(teacher_logits.detach().float().sum(dim=0, keepdim=True))
+        """EMA of the global batch mean of the teacher logits (float32 whatever their dtype)."""
+        total = all_reduce_sum(fp32(teacher_logits.detach()).sum(dim=0, keepdim=True))
         if not is_distributed():  # the row count is known on the host: no sync
             if teacher_logits.shape[0] == 0:
                 return
             count = teacher_logits.shape[0]
-        else:
-            count = all_reduce_sum(torch.tensor(float(teacher_logits.shape[0]), device=total.device))
-            if float(count) == 0:  # no row on any rank (no masked patch): nothing to average
-                return
-        batch_mean = (total / count).to(self.center.device)
-        self.center.mul_(self.center_momentum).add_(batch_mean, alpha=1.0 - self.center_momentum)
+            batch_mean = (total / count).to(self.center.device)
+            self.center.mul_(self.center_momentum).add_(batch_mean, alpha=1.0 - self.center_momentum)
+            return
+        # the masked-patch count differs per rank: all-reduced, and kept a tensor (no host read);
+        # no row on any rank (no masked patch) leaves the centre as it is
+        count = all_reduce_sum(torch.tensor(float(teacher_logits.shape[0]), device=total.device))
+        moved = self.center * self.center_momentum + (total / count.clamp(min=1)).to(self.center.device) * (
+            1.0 - self.center_momentum)
+        self.center.copy_(torch.where(count.to(self.center.device) > 0, moved, self.center))

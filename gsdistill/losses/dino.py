@@ -5,6 +5,7 @@ import torch
 from torch import Tensor
 
 from gsdistill.losses.centering import TeacherCentering
+from gsdistill.losses.precision import fp32, no_autocast
 from gsdistill.losses.validation import check_scores
 
 
@@ -17,7 +18,8 @@ class DINOLoss(TeacherCentering):
     ``[B, K]`` (from ``teacher_probs(...)``). The student list starts with the same views, in
     the same order, as the teacher list (global views first, then local ones when the teacher also
     sees local views, paper 003 Table A1); with ``ignore_diagonal`` the pairs i == j are excluded.
-    Targets need no gradient; ``teacher_probs`` comes from ``TeacherCentering``.
+    Targets need no gradient; ``teacher_probs`` comes from ``TeacherCentering``. Computed and
+    returned in float32 (float64 kept) with autocast off, whatever the inputs' dtype.
     """
 
     def __init__(self, out_dim: int, student_temp: float = 0.1, center_momentum: float = 0.9) -> None:
@@ -40,17 +42,18 @@ class DINOLoss(TeacherCentering):
                 if tuple(v.shape) != shape or shape[-1] != self.out_dim:
                     raise ValueError(f"DINOLoss: {what} view shape {tuple(v.shape)} does not match "
                                      f"student view 0 shape {shape} / out_dim {self.out_dim}")
-        stacked = torch.stack(student_logits)
-        if stacked.dtype != torch.float64:  # fp32 at least: bf16/fp16 logits lose the tail
-            stacked = stacked.float()
-        log_p = torch.log_softmax(stacked / self.student_temp, dim=-1)
-        targets = torch.stack(teacher_probs).detach().to(log_p.dtype)
-        # [S, T] matrix of batch-mean cross-entropies without a [S, T, B, K] tensor
-        ce = -torch.einsum("sbk,tbk->st", log_p, targets) / shape[0]
-        n_pairs = ce.numel() - (min(ce.shape) if ignore_diagonal else 0)  # known on the host
+        n_pairs = len(student_logits) * len(teacher_probs) - (
+            min(len(student_logits), len(teacher_probs)) if ignore_diagonal else 0)  # known on the host
         if n_pairs == 0:
             raise ValueError("DINOLoss: no (student, teacher) pair left once same-view pairs are "
                              "excluded; give more views or ignore_diagonal=False")
-        if ignore_diagonal:  # a zero-diagonal sum, not a boolean selection: no host sync
-            ce = ce * (1.0 - torch.eye(*ce.shape, dtype=ce.dtype, device=ce.device))
-        return (ce.sum() / n_pairs).to(student_logits[0].dtype)
+        # fp32 at least, autocast off: bf16 logits lose the softmax tail, and under autocast the
+        # einsum below would run in bf16 even on fp32 inputs
+        with no_autocast(student_logits[0]):
+            log_p = torch.log_softmax(fp32(torch.stack(student_logits)) / self.student_temp, dim=-1)
+            targets = torch.stack(teacher_probs).detach().to(log_p.dtype)
+            # [S, T] matrix of batch-mean cross-entropies without a [S, T, B, K] tensor
+            ce = -torch.einsum("sbk,tbk->st", log_p, targets) / shape[0]
+            if ignore_diagonal:  # a zero-diagonal sum, not a boolean selection: no host sync
+                ce = ce * (1.0 - torch.eye(*ce.shape, dtype=ce.dtype, device=ce.device))
+            return ce.sum() / n_pairs

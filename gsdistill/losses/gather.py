@@ -1,13 +1,18 @@
 """Cross-device helpers: gather candidates with gradients, rank offsets, world-aware sums.
 
 Every function is the identity (or a local sum) when ``torch.distributed`` is not initialised,
-so the same loss code runs on one process or many.
+so the same loss code runs on one process or many. Rows per rank are all-gathered (a tiny
+collective and a host read per call) unless the caller knows them on the host and passes
+``sizes`` (e.g. ``equal_sizes(n)`` for fixed per-rank batches); with value checks on
+(``validation.set_checks``, the first step of a run) given sizes are checked against the gathered ones.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from gsdistill.losses.validation import checks_enabled
 
 
 def is_distributed() -> bool:
@@ -38,12 +43,34 @@ def local_sizes(n_local: int, device: torch.device | None = None) -> list[int]:
     return [int(s.item()) for s in sizes]
 
 
-def rank_offset(n_local: int) -> int:
-    """Index of this rank's first row in a tensor built by ``gather_with_grad`` (a collective:
-    every rank calls it with its own ``n_local``; 0 on one process)."""
+def equal_sizes(n_local: int) -> list[int]:
+    """Rows per rank when every rank holds ``n_local`` (fixed per-rank batches): known on the host,
+    no collective."""
+    return [int(n_local)] * world_size()
+
+
+def _host_sizes(n_local: int, sizes: list[int] | None, device: torch.device | None = None) -> list[int]:
+    """``sizes`` when given (checked against the all-gathered sizes while value checks are on),
+    else the all-gathered sizes."""
+    if sizes is None:
+        return local_sizes(n_local, device)
+    sizes = [int(n) for n in sizes]
+    if len(sizes) != world_size() or sizes[dist.get_rank() if is_distributed() else 0] != n_local:
+        raise ValueError(f"sizes {sizes} do not fit {world_size()} ranks with {n_local} rows on this one")
+    if checks_enabled() and is_distributed():
+        actual = local_sizes(n_local, device)
+        if actual != sizes:
+            raise ValueError(f"rows per rank are {actual}, but the caller said {sizes} (per-rank batches "
+                             "must be the same size on every rank)")
+    return sizes
+
+
+def rank_offset(n_local: int, sizes: list[int] | None = None) -> int:
+    """Index of this rank's first row in a tensor built by ``gather_with_grad`` (a collective
+    unless ``sizes`` are given: every rank calls it with its own ``n_local``; 0 on one process)."""
     if not is_distributed():
         return 0
-    return sum(local_sizes(n_local)[: dist.get_rank()])
+    return sum(_host_sizes(n_local, sizes)[: dist.get_rank()])
 
 
 def _collective_device() -> torch.device:
@@ -58,8 +85,8 @@ class _GatherWithGrad(torch.autograd.Function):
     (every rank's loss may depend on this rank's rows), return this rank's slice."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # noqa: D102
-        sizes = local_sizes(x.shape[0], x.device)
+    def forward(ctx, x: Tensor, sizes: list[int] | None) -> Tensor:  # noqa: D102
+        sizes = _host_sizes(x.shape[0], sizes, x.device)
         rank = dist.get_rank()
         ctx.bounds = (sum(sizes[:rank]), sum(sizes[: rank + 1]))
         biggest = max(sizes)
@@ -74,10 +101,10 @@ class _GatherWithGrad(torch.autograd.Function):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         start, stop = ctx.bounds
-        return grad[start:stop]
+        return grad[start:stop], None
 
 
-def gather_with_grad(x: Tensor) -> Tensor:
+def gather_with_grad(x: Tensor, sizes: list[int] | None = None) -> Tensor:
     """Concatenate ``x: [n_local, ...]`` from all ranks along dim 0 -> ``[sum n_local, ...]``.
 
     The local slice keeps its gradient, and the backward pass sums over ranks the gradient that
@@ -86,7 +113,9 @@ def gather_with_grad(x: Tensor) -> Tensor:
     gradients averaged over ranks (DDP / DeepSpeed do this), the parameter gradients equal those of
     one process holding the whole batch (tested with 2 gloo processes). Do not also multiply the
     loss by the world size. Every rank must call it (a collective). Identity on one process.
+    ``sizes``: rows of every rank, in rank order, when known on the host (spares the size
+    all-gather and its host read).
     """
     if not is_distributed():
         return x
-    return _GatherWithGrad.apply(x)
+    return _GatherWithGrad.apply(x, sizes)

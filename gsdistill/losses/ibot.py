@@ -5,6 +5,7 @@ import torch
 from torch import Tensor
 
 from gsdistill.losses.centering import TeacherCentering
+from gsdistill.losses.precision import fp32, no_autocast
 from gsdistill.losses.validation import check_scores, checks_enabled
 
 
@@ -22,6 +23,7 @@ class IBOTPatchLoss(TeacherCentering):
     ``masks: bool[B, P]``; row m is the m-th True of ``masks`` in row-major order
     (``masks.nonzero()`` order), so ``M == masks.sum()``. No masked patch -> 0, still on the graph
     (the student head gets zero gradients, so DDP's gradient all-reduce sees every parameter).
+    Computed and returned in float32 (float64 kept) with autocast off, whatever the inputs' dtype.
     """
 
     def __init__(self, out_dim: int, student_temp: float = 0.1, center_momentum: float = 0.9) -> None:
@@ -45,16 +47,15 @@ class IBOTPatchLoss(TeacherCentering):
         if student_patch_logits.shape != (n_masked, self.out_dim):
             raise ValueError(f"IBOTPatchLoss: patch logits shape {tuple(student_patch_logits.shape)} "
                              f"does not match (masks.sum()={n_masked}, out_dim={self.out_dim})")
+        logits = fp32(student_patch_logits)  # fp32 at least: bf16/fp16 logits lose the tail
         if n_masked == 0:
-            return student_patch_logits.float().sum().to(student_patch_logits.dtype) * 0.0
-        masks = masks.to(student_patch_logits.device)
-        logits = student_patch_logits
-        if logits.dtype != torch.float64:  # fp32 at least: bf16/fp16 logits lose the tail
-            logits = logits.float()
-        log_p = torch.log_softmax(logits / self.student_temp, dim=-1)
-        ce = -(teacher_patch_probs.detach().to(log_p.dtype) * log_p).sum(dim=-1)
-        per_image = masks.sum(dim=1)
-        image_of_patch = torch.repeat_interleave(  # masks.nonzero()[:, 0] with no host sync
-            torch.arange(masks.shape[0], device=masks.device), per_image, output_size=n_masked)
-        weights = 1.0 / per_image[image_of_patch].to(ce.dtype)
-        return ((weights * ce).sum() / masks.shape[0]).to(student_patch_logits.dtype)
+            return logits.sum() * 0.0
+        masks = masks.to(logits.device)
+        with no_autocast(logits):
+            log_p = torch.log_softmax(logits / self.student_temp, dim=-1)
+            ce = -(teacher_patch_probs.detach().to(log_p.dtype) * log_p).sum(dim=-1)
+            per_image = masks.sum(dim=1)
+            image_of_patch = torch.repeat_interleave(  # masks.nonzero()[:, 0] with no host sync
+                torch.arange(masks.shape[0], device=masks.device), per_image, output_size=n_masked)
+            weights = 1.0 / per_image[image_of_patch].to(ce.dtype)
+            return (weights * ce).sum() / masks.shape[0]

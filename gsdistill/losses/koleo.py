@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gsdistill.losses.precision import fp32, no_autocast
 from gsdistill.losses.validation import big_negative, check_scores
 
 
@@ -22,6 +23,7 @@ class KoLeoLoss(nn.Module):
     ``L = -(1/B) sum_i log(||x_i - x_nn(i) + eps|| + eps)`` on L2-normalised rows, nearest neighbour
     by dot product with the diagonal excluded, computed in float32, eps = 1e-8. Shape: ``x: [B, D]``.
     The eps inside the norm (as torch's PairwiseDistance) keeps duplicate rows finite, gradient too.
+    Autocast off (a bf16 ``z @ z.T`` can pick another neighbour); returns float32 (float64 kept).
     """
 
     def __init__(self, eps: float = 1e-8) -> None:
@@ -30,13 +32,14 @@ class KoLeoLoss(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _check_x("KoLeoLoss", x)
-        z = F.normalize(x.float() if x.dtype != torch.float64 else x, p=2, dim=-1, eps=self.eps)
-        with torch.no_grad():
-            dots = z @ z.t()
-            dots.fill_diagonal_(-math.inf)
-            nearest = dots.argmax(dim=1)
-        dist = (z - z[nearest] + self.eps).norm(dim=-1)
-        return -torch.log(dist + self.eps).mean().to(x.dtype)
+        with no_autocast(x):
+            z = F.normalize(fp32(x), p=2, dim=-1, eps=self.eps)
+            with torch.no_grad():
+                dots = z @ z.t()
+                dots.fill_diagonal_(-math.inf)
+                nearest = dots.argmax(dim=1)
+            dist = (z - z[nearest] + self.eps).norm(dim=-1)
+            return -torch.log(dist + self.eps).mean()
 
 
 class KoLeoHybridLoss(nn.Module):
@@ -47,7 +50,8 @@ class KoLeoHybridLoss(nn.Module):
     ``group_ids: long[B]`` to forward, or build the module with ``n_views`` for a view-major batch
     (rows ``v * B_pages + p``: every pair of views of one page is related, paper 003 §4.5). No pair
     -> the attraction term is 0. Shape: ``x: [B, D]``; scalar out. Paper 003 weights the whole term
-    by lambda5 = 0.02 (Table A2) outside this module.
+    by lambda5 = 0.02 (Table A2) outside this module. Computed and returned in float32 (float64
+    kept) with autocast off: the cosines of nearby views differ by less than bf16's step near 1.
     """
 
     def __init__(self, alpha: float = 1.0, beta: float = 1.0, n_views: int = 1) -> None:
@@ -67,13 +71,14 @@ class KoLeoHybridLoss(nn.Module):
         elif group_ids.shape != (n,):
             raise ValueError(f"KoLeoHybridLoss: group_ids shape {tuple(group_ids.shape)} does not "
                              f"match rows ({n},) of x shape {tuple(x.shape)}")
-        z = F.normalize(x, p=2, dim=-1)
-        sims = z @ z.t()
-        off_diag = ~torch.eye(n, dtype=torch.bool, device=x.device)
-        # masked reductions, not boolean selections: no host sync (n >= 2, so a row is never empty)
-        off_sims = sims.masked_fill(~off_diag, big_negative(sims.dtype))
-        repulsion = torch.logsumexp(off_sims.flatten(), dim=0) - math.log(n * (n - 1))
-        related = (group_ids[:, None] == group_ids[None, :].to(x.device)) & off_diag
-        n_pairs = related.sum().clamp(min=1).to(sims.dtype)
-        attraction = torch.where(related, 1.0 - sims, torch.zeros_like(sims)).sum() / n_pairs
-        return self.alpha * repulsion + self.beta * attraction
+        with no_autocast(x):
+            z = F.normalize(fp32(x), p=2, dim=-1)
+            sims = z @ z.t()
+            off_diag = ~torch.eye(n, dtype=torch.bool, device=x.device)
+            # masked reductions, not boolean selections: no host sync (n >= 2, so a row is never empty)
+            off_sims = sims.masked_fill(~off_diag, big_negative(sims.dtype))
+            repulsion = torch.logsumexp(off_sims.flatten(), dim=0) - math.log(n * (n - 1))
+            related = (group_ids[:, None] == group_ids[None, :].to(x.device)) & off_diag
+            n_pairs = related.sum().clamp(min=1).to(sims.dtype)
+            attraction = torch.where(related, 1.0 - sims, torch.zeros_like(sims)).sum() / n_pairs
+            return self.alpha * repulsion + self.beta * attraction

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+import gsdistill
 
 _SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "unique",
              "_unique", "_unique2", "unique_dim", "unique_consecutive", "equal", "is_nonzero"}
@@ -34,16 +37,31 @@ def _is_sync(func, args, kwargs) -> bool:
     return False
 
 
+# the package's own folder, not any path with "/gsdistill/" in it: a clone named gsdistill holds
+# its virtual environment (gsdistill/.venv/.../site-packages/torch) under the same prefix
+_PACKAGE = Path(gsdistill.__file__).resolve().parent.as_posix() + "/"
+_THIRD_PARTY = ("/site-packages/", "/dist-packages/", "/.venv/", "/venv/")
+
+
+def package_path(path: str, package: str = _PACKAGE) -> str | None:
+    """``gsdistill/<module path>`` when ``path`` is a file of the package at ``package``, else None
+    (third-party code installed inside the package's folder is not the package)."""
+    path = path.replace("\\", "/")
+    if not path.startswith(package) or any(part in path[len(package) - 1:] for part in _THIRD_PARTY):
+        return None
+    return "gsdistill/" + path[len(package):]
+
+
 def _caller() -> str:
     """``path:line`` of the innermost frame in the gsdistill package (else the innermost frame)."""
     frame = sys._getframe(2)
     first = None
     while frame is not None:
         path = frame.f_code.co_filename.replace("\\", "/")
-        here = f"{path}:{frame.f_lineno}"
-        first = first or here
-        if "/gsdistill/" in path and not path.endswith("/losses/syncs.py"):
-            return here[path.rindex("/gsdistill/") + 1:]
+        first = first or f"{path}:{frame.f_lineno}"
+        inside = package_path(path)
+        if inside is not None and inside != "gsdistill/losses/syncs.py":
+            return f"{inside}:{frame.f_lineno}"
         frame = frame.f_back
     return first or "?"
 

@@ -6,7 +6,8 @@ the weighted sum ``l1 L_sem + l2 L_geom + l3 L_distill + l4 L_ibot + l5 L_KoLeo-
 loop backpropagates ``total``, steps, calls :meth:`update_teacher`, logs and checkpoints.
 
 Views: the student sees the (iBOT-masked) global views and the local views; the teacher sees the
-unmasked global views and, when ``objective.distill_local`` (Table A1), the local views too.
+unmasked global views and, when ``objective.distill_local`` (Table A1), the local views too. The
+alignment heads (``objective.align_views``) read a second, unmasked pass, the views iBOT left whole, or all.
 Each term's value is per rank; cross-rank terms use ``gather_with_grad`` so that gradients averaged
 over ranks (DDP / DeepSpeed) equal those of one process holding the whole batch.
 """
@@ -19,13 +20,14 @@ from torch import nn
 from torch.profiler import record_function
 
 from gsdistill.losses import DINOLoss, IBOTPatchLoss, KoLeoHybridLoss, gather_with_grad, rank_offset
+from gsdistill.losses.gather import equal_sizes
 from gsdistill.models.alignment import PageTextAlignment
 from gsdistill.models.backbone import create_backbone
 from gsdistill.models.heads import DINOHead
 from gsdistill.models.vit_encoder import encode_views, grid_pool
 
-HEADS = {"semantic": ("sem",), "dual": ("sem", "geom"), "joint": ("joint",)}
-POSITIVES = ("multi", "single")
+HEADS, POSITIVES = {"semantic": ("sem",), "dual": ("sem", "geom"), "joint": ("joint",)}, ("multi", "single")
+ALIGN_VIEWS = ("unmasked", "visible", "masked")
 
 
 def masked_patch_index(masks: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
@@ -76,8 +78,12 @@ class GSDistill(nn.Module):
         self.use_distill, self.use_ibot, self.use_koleo = bool(o["distill"]), bool(o["ibot"]), bool(o["koleo"])
         self.distill_local = bool(o["distill_local"])
         self.align_views = str(o["align_views"])
-        if self.align_views not in ("masked", "unmasked"):
-            raise ValueError(f"objective.align_views must be 'masked' or 'unmasked', got {self.align_views!r}")
+        if self.align_views not in ALIGN_VIEWS:
+            raise ValueError(f"objective.align_views must be one of {ALIGN_VIEWS}, got {self.align_views!r}")
+        # texts per page of each head, known on the host: under several processes every rank pads to it
+        spans = int(cfg["views"]["max_spans"]) if "views" in cfg else None
+        self.text_width = {n: 1 if self.positives == "single" or (n == "geom" and self.geom_target == "mean")
+                           else spans and spans * (1 + (n == "joint")) for n in self.align}
         self.weights.update(distill=float(o["lambda_distill"]), ibot=float(o["lambda_ibot"]),
                             koleo=float(o["lambda_koleo"]))
         self.teacher_temp, self.centering = float(o["teacher_temp"]), str(o["centering"])
@@ -226,24 +232,29 @@ class GSDistill(nn.Module):
         with record_function("gsdistill.student_global"):
             h_glob, patches = encode_views(self.backbone, glob, masks, getattr(self, "mask_token", None),
                                            with_patches=self.use_ibot or max(self.pool_grid.values()) > 0)
-        h_align, p_align = h_glob, patches
+        h_align, p_align, visible = h_glob, patches, None
         if masks is not None and self.align_views == "unmasked":
             # iBOT's masks hide up to half of a view's patches, and with them the boxes its descriptors
             # describe: the alignment heads read a second, unmasked pass over the same global views
             with record_function("gsdistill.student_global_unmasked"):
                 h_align, p_align = encode_views(self.backbone, glob, with_patches=max(self.pool_grid.values()) > 0)
+        elif masks is not None and self.align_views == "visible":  # same pass; anchors = views left whole
+            visible = ~masks.to(glob.device).any(dim=1)  # a tensor mask: no host sync
         terms: dict[str, torch.Tensor] = {}
         anchor_page = torch.arange(n_pages, device=glob.device).repeat(n_global)
         koleo = []
+        sizes = equal_sizes(anchor_page.shape[0])  # fixed per-rank batches: rows per rank known on the host
         if self.use_koleo:
-            page_ids = gather_with_grad((anchor_page + rank_offset(n_pages)).float()[:, None])[:, 0].long()
+            offset = rank_offset(n_pages, equal_sizes(n_pages))
+            page_ids = gather_with_grad((anchor_page + offset).float()[:, None], sizes)[:, 0].long()
         for name, head in self.align.items():
             with record_function(f"gsdistill.{name}"):
                 text, valid = self._texts(batch, name)
-                terms[name], z = head(self.head_inputs(h_align, p_align, glob.shape[-2:], name), anchor_page, text, valid)
+                terms[name], z = head(self.head_inputs(h_align, p_align, glob.shape[-2:], name), anchor_page, text,
+                                      valid, anchor_valid=visible, text_width=self.text_width[name])
             if self.use_koleo:  # over the whole (gathered) batch; pairs = same page, other view
                 with record_function("gsdistill.koleo"):
-                    koleo.append(self.koleo_loss(gather_with_grad(z), group_ids=page_ids))
+                    koleo.append(self.koleo_loss(gather_with_grad(z, sizes), group_ids=page_ids))
         if self.use_koleo:
             terms["koleo"] = torch.stack(koleo).mean()
         if self.use_distill or self.use_ibot:

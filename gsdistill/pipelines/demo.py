@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from gsdistill.config import load_config, save_config
 
-STAGES = ["tuples", "embed", "pretrain", "control", "detect", "retrieval", "report"]
+STAGES = ["tuples", "embed", "pretrain", "control", "detect", "human labels", "retrieval", "report"]
 PRETRAINED, CONTROL, UNTRAINED = "pretrained", "random backbone, heads trained", "random (untrained)"
 
 
@@ -60,22 +60,35 @@ def pretrain(cfg, train_dir: Path, out: Path, name: str = "pretrain", *extra: st
 
 def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> dict:
     """Head-only detection on the pretrained and a random backbone plus stock YOLOv10n, same budget,
-    ``detect_seeds``; trained on pretraining pages, scored on held-out pages (pycocotools)."""
+    ``detect_seeds``; trained on pretraining pages, scored on held-out pages (pycocotools); ``paired``:
+    pretrained minus random backbone (and minus the reference) with a bootstrap over held-out documents."""
     from gsdistill.tuples.shards import read_pages
     from gsdistill.detect.compare import compare_backbones, summarize
     from gsdistill.detect.convert import pages_to_yolo
+    from gsdistill.detect.map_bootstrap import rows_bootstrap
     from gsdistill.detect.predict import predict
 
-    n_train = int(cfg.data.detect_train_pages)
-    pages = itertools.chain(itertools.islice(read_pages(train_dir), n_train), read_pages(eval_dir))
+    from gsdistill.tuples.labels import LABEL_SETS
+
+    n_train = cfg.data.detect_train_pages  # null: every pretraining page trains the heads
+    pages = itertools.chain(itertools.islice(read_pages(train_dir), None if n_train is None else int(n_train)),
+                            read_pages(eval_dir))
     held = {p["doc_id"] for p in read_pages(eval_dir, decode_images=False)}
-    data_yaml = pages_to_yolo(pages, out / "detect" / "data", val_docs=held)
+    names, category_map = LABEL_SETS[str(cfg.detect_labels)]
+    data_yaml = pages_to_yolo(pages, out / "detect" / "data", val_docs=held, names=names, category_map=category_map)
     dcfg = load_config("detect", "compare", [*cfg.detect])
     rows = compare_backbones(data_yaml, {PRETRAINED: backbone, "random backbone": None}, seeds=list(cfg.detect_seeds),
                              cfg=dcfg, out_dir=out / "detect")
+    # B - A on the same held-out pages, documents resampled: the intervals every detection claim of the report uses
+    paired = {"backbone": rows_bootstrap(rows, data_yaml, "random backbone", PRETRAINED, seed=int(cfg.seed))}
     if cfg.detect_reference:  # the reference column: fewer seeds, it only sets the scale
-        rows += compare_backbones(data_yaml, {f"{cfg.detect_reference} (stock, all layers trained)": str(cfg.detect_reference)},
-                                  seeds=list(cfg.detect_reference_seeds), cfg=dcfg, out_dir=out / "detect" / "reference")
+        reference = f"{cfg.detect_reference} (stock, all layers trained)"
+        rcfg = dcfg.copy()
+        rcfg.val_during_training = bool(cfg.detect_reference_curve)  # per-epoch held-out mAP: the learning curve only
+        ref_rows = compare_backbones(data_yaml, {reference: str(cfg.detect_reference)},
+                                     seeds=list(cfg.detect_reference_seeds), cfg=rcfg, out_dir=out / "detect" / "reference")
+        rows += [{**r, "curve": bool(cfg.detect_reference_curve)} for r in ref_rows]
+        paired["reference"] = rows_bootstrap(rows, data_yaml, reference, PRETRAINED, seed=int(cfg.seed))
     pages_dir = out / "detect" / "heldout_pages"
     pages_dir.mkdir(parents=True, exist_ok=True)
     for i, page in zip(range(int(cfg.predict_pages)), read_pages(eval_dir)):
@@ -84,14 +97,31 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     pcfg = dcfg.copy()
     pcfg.predict.conf = float(cfg.predict_conf)
     drawn = predict(Path(first["run_dir"]) / "weights" / "last.pt", pages_dir, out / "detect" / "predictions", pcfg)
-    return {"rows": rows, "summary": summarize(rows), "data_yaml": str(data_yaml), "predict_conf": float(cfg.predict_conf),
-            "predictions": [str(p.with_suffix(".png")) for p in drawn]}
+    return {"rows": rows, "summary": summarize(rows), "paired": paired, "data_yaml": str(data_yaml), "labels": names,
+            "predict_conf": float(cfg.predict_conf), "predictions": [str(p.with_suffix(".png")) for p in drawn]}
+
+
+def human_labels(cfg, det: dict, out: Path) -> dict | None:
+    """The trained detectors on pages with human layout labels (``human_labels``: a folder holding
+    ``docbank_samples/`` and/or ``publaynet_examples/``; ``gsdistill.pipelines.human_labels``)."""
+    from gsdistill.pipelines.human_labels import convert_sets, score_on_human_labels
+
+    if not cfg.human_labels:
+        return None
+    sets = convert_sets(Path(cfg.human_labels), out / "human_labels" / "data", str(cfg.detect_labels))
+    if not sets:
+        raise FileNotFoundError(f"human_labels: no docbank_samples/ or publaynet_examples/ under {cfg.human_labels}")
+    rows = [r for r in det["rows"] if r["backbone"] in (PRETRAINED, "random backbone")]
+    rows += [r for r in det["rows"] if r["backbone"] not in (PRETRAINED, "random backbone")]
+    dcfg = load_config("detect", "compare", [*cfg.detect])
+    return score_on_human_labels(rows, sets, dcfg, out / "human_labels", "random backbone", PRETRAINED,
+                                 seed=int(cfg.seed))
 
 
 def retrieval(cfg, run_dir: Path, control_dir: Path | None, train_dir: Path, eval_dir: Path) -> dict:
     """Both heads, three models, training and held-out pages (``gsdistill.pipelines.demo_learning``)."""
     from gsdistill.tuples.shards import read_pages
-    from gsdistill.pipelines.demo_learning import measure, untrained_model
+    from gsdistill.pipelines.demo_learning import measure, teacher_logit_spread, untrained_model
     from gsdistill.pretrain.checkpoint import load_pretrained
 
     models = {PRETRAINED: load_pretrained(run_dir)}
@@ -103,12 +133,13 @@ def retrieval(cfg, run_dir: Path, control_dir: Path | None, train_dir: Path, eva
     size = int(load_config("pretrain", run_dir / "config.yaml").views.global_size)
     rows = measure(models, splits, size, seed=int(cfg.seed))
     docs = {s: [str(p.get("doc_id") or p["id"]) for p in pages] for s, pages in splits.items()}
-    return {"rows": rows, "image_size": size, "doc_ids": docs}
+    spread = teacher_logit_spread(models[PRETRAINED], splits["held-out"], size)  # why DINO does (not) leave log K
+    return {"rows": rows, "image_size": size, "doc_ids": docs, "teacher_spread": spread}
 
 
 def run_demo(cfg) -> Path:
     """Run every stage; return the report path. Each stage's output stays in ``out_dir``."""
-    from gsdistill.tuples.text_cache import embed_shards
+    from gsdistill.tuples.text_cache import embed_shards, fields_for
     from gsdistill.pipelines.demo_report import write_demo_report
 
     out = Path(cfg.out_dir)
@@ -122,9 +153,9 @@ def run_demo(cfg) -> Path:
         if stage == "tuples":
             train_dir, eval_dir, info["data"] = build_tuples(cfg, out)
         elif stage == "embed":  # in the descriptor format pretraining uses (its cache key)
-            fmt = pretrain_config(cfg, train_dir).data.descriptor_format
+            pcfg = pretrain_config(cfg, train_dir)
             for d in (train_dir, eval_dir):
-                embed_shards(d, descriptor_format=fmt)
+                embed_shards(d, descriptor_format=pcfg.data.descriptor_format, fields=fields_for(pcfg.objective.positives))
         elif stage == "pretrain":
             run_dir = pretrain(cfg, train_dir, out)
         elif stage == "control":
@@ -132,6 +163,8 @@ def run_demo(cfg) -> Path:
                 control_dir = pretrain(cfg, train_dir, out, "control", "model.freeze_backbone=true")
         elif stage == "detect":
             info["detect"] = detect(cfg, train_dir, eval_dir, run_dir / "backbone", out)
+        elif stage == "human labels":
+            info["human_labels"] = human_labels(cfg, info["detect"], out)
         elif stage == "retrieval":
             info["retrieval"] = retrieval(cfg, run_dir, control_dir, train_dir, eval_dir)
         else:
@@ -146,13 +179,18 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="gsdistill demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pdfs", help="folder of PDFs to use instead of the synthetic pages")
-    p.add_argument("--size", default=None, help="experiment file of configs/demo/ (smoke, gpu)")
+    p.add_argument("--size", default=None, help="experiment file of configs/demo/ (smoke, pdfs, pdfs_long, gpu; "
+                   "default: pdfs with --pdfs, else none)")
     p.add_argument("--out", help="output folder (default runs/demo)")
     p.add_argument("overrides", nargs="*", help="key=value overrides of configs/demo/default.yaml")
     args = p.parse_args(argv)
     extra = [f"pdfs={args.pdfs}"] if args.pdfs else []
     extra += [f"out_dir={args.out}"] if args.out else []
-    cfg = load_config("demo", args.size, [*args.overrides, *extra])
+    # real pages need the real-page recipe (configs/demo/pdfs.yaml): the default one is sized for large print
+    size = args.size if args.size is not None else ("pdfs" if args.pdfs else None)
+    if size is not None:
+        print(f"demo recipe: configs/demo/{size}.yaml", flush=True)
+    cfg = load_config("demo", size, [*args.overrides, *extra])
     from gsdistill.threads import apply_threads
     apply_threads(cfg.threads, ultralytics=True)  # before any torch work; the detect stage runs in this process
     report = run_demo(cfg)

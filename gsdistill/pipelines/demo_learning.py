@@ -88,3 +88,36 @@ def retrieval_markdown(rows: list[dict], split: str, text_note: str | None = Non
         ranks.append(f"{r[0]['effective_rank']:.1f} / {s[0]['effective_rank']:.1f}" if r and s else "–")
     lines.append("| effective rank of page embeddings (geom / sem) | | " + " | ".join(ranks) + " |")
     return "\n".join(lines)
+
+
+@torch.no_grad()
+def teacher_logit_spread(model, pages: list[dict], image_size: int, batch_size: int = 32) -> dict | None:
+    """Why DINO sits at log K, measured: the EMA teacher's prototype logits on whole-page views.
+
+    Sinkhorn-Knopp turns ``exp(logits / T)`` into balanced targets; when every page gives nearly the
+    same logits (their std over pages, per prototype, far below the teacher temperature ``T``) the
+    targets are uniform and DINO's cross-entropy is log K whatever the student does. Returns the
+    std over pages averaged over prototypes, its ratio to ``T`` and the mean pairwise cosine of the
+    pages' logit vectors; None for a model without self-distillation.
+    """
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    from gsdistill.eval.page_gallery import _image_tensor
+    from gsdistill.models.vit_encoder import encode_views
+
+    if not getattr(model, "use_distill", False) or len(pages) < 2:
+        return None
+    mean = torch.tensor(IMAGENET_DEFAULT_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_DEFAULT_STD).view(1, 3, 1, 1)
+    teacher = model.teacher
+    rows = []
+    for start in range(0, len(pages), batch_size):
+        x = torch.stack([_image_tensor(p["image"], image_size) for p in pages[start:start + batch_size]]).float() / 255.0
+        rows.append(teacher["dino_head"](encode_views(teacher["backbone"], (x - mean) / std)[0]).float())
+    logits = torch.cat(rows)
+    spread = float(logits.std(dim=0).mean())
+    unit = torch.nn.functional.normalize(logits, dim=1)
+    n = len(unit)
+    cos = float(((unit @ unit.T).sum() - n) / (n * (n - 1)))
+    return {"std_over_pages": spread, "teacher_temp": float(model.teacher_temp),
+            "ratio": spread / float(model.teacher_temp), "mean_pairwise_cosine": cos, "pages": n}

@@ -4,6 +4,7 @@ Paths in the report are relative to the report, so the run folder can be moved o
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 from gsdistill.config import load_config
 from gsdistill.pretrain.metrics_log import LOSS_TERMS, read_metrics
 
+LOG_K_MARGIN = 0.1  # nats: a DINO/iBOT term closer than this to log K has a (near) uniform teacher
 LEGIBLE_PX = 8  # a text line needs about this many pixels of height to be readable by a small ViT
 
 
@@ -41,6 +43,28 @@ def text_height_in_view(pages: list[dict], view_size: int) -> dict[str, float]:
     return out
 
 
+def local_view_heights(pages: list[dict], views) -> tuple[str, dict[str, float]]:
+    """What pretraining's local views show of the text: (description, median one-line heights in view px).
+
+    ``spans`` crops are ``local_span_px`` page pixels wide, so one factor serves every page; ``random``
+    crops cover ``local_scale`` of the page area (the geometric mean of its range is used)."""
+    size = int(views.local_size)
+    if str(views.local_mode) == "spans":
+        k = size / float(views.local_span_px)
+        what = f"{size} px local views of about {int(views.local_span_px)} page px around a text span"
+        factor = lambda p: k  # noqa: E731
+    else:
+        share = float(np.sqrt(views.local_scale[0] * views.local_scale[1]))
+        what = f"{size} px local views of {100 * share:.0f} % of the page area"
+        factor = lambda p: size / np.sqrt(share * p["width"] * p["height"])  # noqa: E731
+    out = {}
+    for cls in ("Title", "Section-header", "Page-header"):
+        hs = [(s["bbox"][3] - s["bbox"][1]) * factor(p) for p in pages for s in p["spans"] if s.get("category") == cls]
+        if hs:
+            out[cls] = float(np.median(hs))
+    return what, out
+
+
 def data_section(info: dict) -> list[str]:
     out = ["## 1. Page tuples", ""]
     for split, m in info.items():
@@ -52,27 +76,156 @@ def data_section(info: dict) -> list[str]:
     return out + [""]
 
 
-def detect_section(det: dict, out: Path) -> list[str]:
+def claim(label_a: str, label_b: str, diff: float, ci: tuple[float, float], unit: str, digits: int = 1) -> str:
+    """``B − A: +x [lo, hi] unit: verdict``: "B higher" only when lo > 0, "A higher" only when hi < 0,
+    else no measurable difference. ``diff`` and ``ci`` (a 95 % interval of B − A) are in ``unit``."""
+    lo, hi = ci
+    if lo > 0:
+        verdict = f"{label_b} higher"
+    elif hi < 0:
+        verdict = f"{label_a} higher"
+    else:
+        verdict = "no measurable difference (the 95 % interval includes 0)"
+    return f"{label_b} − {label_a}: {diff:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] {unit}: {verdict}"
+
+
+def chance_claim(label: str, value: float, ci: tuple[float, float], chance: float, unit: str = "%") -> str:
+    """``label: x [lo, hi] % vs chance c %: verdict``: above chance only when lo > chance, below when hi < chance."""
+    lo, hi = ci
+    if lo > chance:
+        verdict = "above chance"
+    elif hi < chance:
+        verdict = "below chance"
+    else:
+        verdict = "not distinguishable from chance (the 95 % interval includes chance)"
+    return f"{label}: {value:.1f} [{lo:.1f}, {hi:.1f}] {unit} vs chance {chance:.1f} {unit}: {verdict}"
+
+
+def _map_claims(paired: dict) -> list[str]:
+    """One claim per metric from a :func:`gsdistill.detect.map_bootstrap.rows_bootstrap` result, in mAP points."""
+    return [f"- {name}, " + claim(paired["a"], paired["b"], 100 * paired[key]["diff"],
+                                   [100 * v for v in paired[key]["ci95"]], "points", digits=2)
+            for key, name in (("map50", "mAP@50"), ("map50_95", "mAP@[50:95]"))]
+
+
+def reference_verdict(name: str | None, map50: float | None, threshold: float) -> str:
+    """Whether the stock reference learned enough (mAP@50 >= ``threshold``) for the section's comparisons to mean anything."""
+    if name is None:
+        return ("No stock reference was trained (`detect_reference: null`): nothing here shows whether this "
+                "detection set-up can learn at this budget.")
+    own = f"The stock reference, {name}, reached {100 * map50:.2f} % mAP@50 on the held-out pages"
+    if map50 < threshold:
+        return (f"{own}, below the {100 * threshold:.0f} % this report requires (`report_min_reference_map50`): the "
+                "detection set-up learned too little at this budget for the comparisons in this section to mean anything.")
+    return f"{own}, at least the {100 * threshold:.0f} % this report requires (`report_min_reference_map50`)."
+
+
+def detect_section(det: dict, out: Path, min_reference_map50: float) -> list[str]:
     from gsdistill.detect.compare import markdown_table
     summary = {s["backbone"]: s for s in det["summary"]}
+    paired = det["paired"]
+    ref = paired.get("reference", {}).get("a")
     lines = ["## 3. Layout detection on held-out pages (same head, same budget)", "",
              "Head-only YOLOv10 on the frozen pretrained backbone vs on a random backbone of the same "
              "architecture, and a stock YOLOv10n with every layer trained, as a reference; trained on "
              "pretraining pages, scored by pycocotools on held-out documents; mean ± sample std over seeds.", "",
-             markdown_table(det["summary"]), ""]
-    pre, rnd = summary.get("pretrained"), summary.get("random backbone")
-    if pre and rnd:
-        gain = pre["map50_mean"] - rnd["map50_mean"]
-        spread = max(s or 0.0 for s in (pre["map50_std"], rnd["map50_std"]))
-        verdict = "more than" if gain > spread else "not more than"
-        lines += [f"Pretrained − random: **{100 * gain:+.2f}** mAP@50 points, {verdict} the seed spread "
-                  f"({100 * spread:.2f}).", ""]
+             markdown_table(det["summary"]), "", reference_verdict(ref, summary[ref]["map50_mean"] if ref else None,
+                                                                   min_reference_map50), ""]
+    b = paired["backbone"]
+    lines += [f"Differences of the seed-mean mAP on the same {b['n_images']} held-out pages, with a 95 % percentile "
+              f"bootstrap interval over their {b['n_docs']} documents ({b['n_boot']} resamples; COCO's mAP "
+              "recomputed on each):", ""] + _map_claims(b) + [""]
+    if ref:
+        lines += [f"The paper's headline, in the small: head-only on the pretrained backbone vs {ref}, same budget:", ""]
+        lines += _map_claims(paired["reference"]) + [""]
+    lines += reference_curve(det.get("rows", []), out)
     lines += [f"Held-out pages with the pretrained detector's boxes (confidence ≥ {det['predict_conf']}):", ""]
     lines += [f"![prediction]({_rel(p, out)})" for p in det.get("predictions", [])]
     return lines + [""]
 
 
-def retrieval_section(ret: dict, heights: dict[str, float]) -> list[str]:
+def reference_curve(rows: list[dict], out: Path) -> list[str]:
+    """The stock reference's held-out mAP@50 after each epoch against wall minutes (when it was validated
+    every epoch, ``detect_reference_curve``): a sentence and ``detect/reference_curve_s<seed>.png``."""
+    from gsdistill.run_log import Line, Panel, line_plot, read_rows
+    lines = []
+    for r in rows:
+        csv = Path(r["run_dir"]) / "results.csv"
+        if not r.get("curve") or not csv.is_file():  # without per-epoch validation the csv's mAP columns are zeros
+            continue
+        pts = [(float(e["time"]) / 60, float(e["metrics/mAP50(B)"])) for e in read_rows(csv)
+               if e.get("metrics/mAP50(B)") not in (None, "")]
+        if len(pts) < 2:
+            continue
+        png = line_plot(out / "detect" / f"reference_curve_s{r['seed']}.png", [Panel(
+            f"{r['backbone']}, seed {r['seed']}", [Line("held-out mAP@50", [m for m, _ in pts], [100 * v for _, v in pts],
+                                                       marker="o")],
+            xlabel="training wall minutes", ylabel="mAP@50 (%, Ultralytics)")])
+        lines += [f"Learning curve of {r['backbone']} (seed {r['seed']}; Ultralytics' mAP@50 on the held-out pages "
+                  "after each epoch): " + ", ".join(f"{m:.0f} min {100 * v:.1f} %" for m, v in pts) + ".", "",
+                  f"![reference curve]({_rel(png, out)})", ""]
+    return lines
+
+
+def human_labels_section(hl: dict | None) -> list[str]:
+    """The same detectors on human-labelled pages, pretrained vs random backbone paired over documents."""
+    if not hl:
+        return []
+    lines = ["## 3b. The same detectors on pages with human layout labels", "",
+             "No further training: the heads trained on the PDF builder's labels above, scored by pycocotools on "
+             "pages people labelled (DocBank's classes mapped as the DocBank builder does; PubLayNet's own).", ""]
+    for name, res in hl.items():
+        by = {}
+        for r in res["rows"]:
+            by.setdefault(r["backbone"], []).append(r)
+        lines += [f"**{name}** ({res['images']} pages): " + "; ".join(
+            f"{b} mAP@50 " + ", ".join(f"{100 * r['map50']:.2f}" for r in rs) + " % (seeds " +
+            ", ".join(str(r["seed"]) for r in rs) + ")" for b, rs in by.items()), ""]
+        if res.get("bootstrap"):
+            boot = res["bootstrap"]
+            lines += [f"Paired over its {boot['n_docs']} documents ({boot['n_boot']} resamples):", ""]
+            lines += _map_claims(boot) + [""]
+    return lines
+
+
+def distill_verdict(change: dict, k: int, spread: dict | None = None) -> list[str]:
+    """Whether DINO and iBOT left log K (a teacher whose targets stay uniform distils nothing), and the
+    measured reason: how much the teacher's prototype logits differ between pages, against its temperature."""
+    log_k, lines = math.log(k), []
+    for term, name in (("distill", "DINO"), ("ibot", "iBOT")):
+        if term not in change:
+            continue
+        first, last = change[term]
+        below = log_k - last
+        state = (f"{below:.2f} nats below log K at the end: the teacher's targets are not uniform" if below > LOG_K_MARGIN
+                 else f"within {LOG_K_MARGIN} nats of log K at the end: the teacher's targets stay near uniform, "
+                      "so this term distilled (almost) nothing at this budget")
+        lines.append(f"- {name}: {first:.3f} → {last:.3f}, log K = {log_k:.3f} (K = {k}); {state}.")
+    if spread and lines:
+        lines.append(f"- The EMA teacher's DINO prototype logits on {spread['pages']} held-out whole pages differ "
+                     f"between pages by {spread['std_over_pages']:.4f} (std over pages, mean over prototypes; mean "
+                     f"pairwise cosine {spread['mean_pairwise_cosine']:.3f}), {spread['ratio']:.2f}x the teacher "
+                     f"temperature {spread['teacher_temp']:g}: Sinkhorn-Knopp's targets are near uniform when this "
+                     "ratio is well below 1, whatever the student does.")
+    return lines + ([""] if lines else [])
+
+
+def legibility(heights: dict[str, float], size: int) -> str:
+    """The measured text heights in the view and what they allow (a line needs about LEGIBLE_PX pixels)."""
+    if not heights:
+        return f"Text height in the {size} px view: no title, section header or page header on the held-out pages to measure."
+    small = [k for k, v in heights.items() if v < LEGIBLE_PX]
+    text = (f"Text height in the {size} px view (median, held-out pages): "
+            + ", ".join(f"{k} {v:.1f} px" for k, v in heights.items()) + ". ")
+    if len(small) == len(heights):
+        return text + (f"All below about {LEGIBLE_PX} px, where a line stops being legible: the semantic numbers can "
+                       "measure layout cues, not reading.")
+    if small:
+        return text + f"{', '.join(small)} below about {LEGIBLE_PX} px (not legible), the others at or above it."
+    return text + f"All at or above about {LEGIBLE_PX} px, where a line becomes legible."
+
+
+def retrieval_section(ret: dict, heights: dict[str, float], local: tuple[str, dict] | None = None) -> list[str]:
     from gsdistill.pipelines.demo_learning import paired_gain, retrieval_markdown
     size = ret["image_size"]
     legible = ", ".join(f"{k} {v:.1f} px" for k, v in heights.items())
@@ -82,23 +235,30 @@ def retrieval_section(ret: dict, heights: dict[str, float]) -> list[str]:
              "head), from the text cache; candidates: every page image of the set at "
              f"{size} px; a page's score is the mean of its descriptors' cosines (a layout is the set of its "
              "boxes) or the log-sum-exp (T = 0.05) of its crops' cosines. Acc@1 in % with a 95% bootstrap "
-             "interval over documents; chance = 1/pages.", "",
-             f"Text height in the {size} px view (median, held-out pages): {legible}. Below about "
-             f"{LEGIBLE_PX} px a line is not legible, so the semantic numbers measure layout cues, not reading.", "",
-             "### Held-out pages (documents never seen in pretraining)", "", retrieval_markdown(ret["rows"], "held-out", note), ""]
+             "interval over documents; chance = 1/pages.", "", legibility(heights, size), ""]
+    if local and local[1]:
+        lines += ["Pretraining's " + local[0] + " (not used by these queries): " + ", ".join(
+            f"{k} {v:.1f} px" for k, v in local[1].items()) + ".", ""]
+    lines += ["### Held-out pages (documents never seen in pretraining)", "",
+              retrieval_markdown(ret["rows"], "held-out", note), ""]
     docs = ret["doc_ids"]["held-out"]
     for other in ("random backbone, heads trained", "random (untrained)"):
         g = paired_gain(ret["rows"], other, "pretrained", "held-out", "geom", "all", doc_of=docs)
         if g is not None:
-            lines.append(f"- geometric Acc@1, pretrained − {other}: {100 * g['diff']:+.1f} points "
-                         f"[{100 * g['ci95'][0]:+.1f}, {100 * g['ci95'][1]:+.1f}]")
+            lines.append("- geometric Acc@1, " + claim(other, "pretrained", 100 * g["diff"],
+                                                       [100 * v for v in g["ci95"]], "points"))
+    for r in ret["rows"]:
+        if r["split"] == "held-out" and r["head"] == "sem" and r["k"] == 5:
+            lines.append("- semantic Acc@1 from 5 text crops, " + chance_claim(
+                r["model"], 100 * r["acc1"], [100 * v for v in r["ci95"]], 100 * r["chance"]))
     lines += ["", "### Training pages (what the objective fitted)", "", retrieval_markdown(ret["rows"], "training", note), ""]
     return lines
 
 
 def write_demo_report(cfg, out: Path, run_dir: Path, control_dir: Path | None, info: dict, times: dict) -> Path:
     from gsdistill.tuples.shards import read_pages
-    table, _ = loss_table(run_dir / "metrics.csv")
+    table, change = loss_table(run_dir / "metrics.csv")
+    pcfg = load_config("pretrain", run_dir / "config.yaml")
     plots = sorted((run_dir / "plots").glob("*.png")) if (run_dir / "plots").is_dir() else []
     held = list(read_pages(out / "data" / "eval", decode_images=False))
     heights = text_height_in_view(held, info["retrieval"]["image_size"])
@@ -110,13 +270,16 @@ def write_demo_report(cfg, out: Path, run_dir: Path, control_dir: Path | None, i
               f"`config.yaml`, metrics in `metrics.csv`, backbone export in `backbone/`)."
               + (f" Control (backbone frozen at random, heads trained the same way): `{_rel(control_dir, out)}`."
                  if control_dir else ""), "", table, ""]
-    ramp = int(load_config("pretrain", run_dir / "config.yaml").objective.distill_warmup_steps)
+    lines += distill_verdict(change, int(pcfg.model.dino_out_dim), info["retrieval"].get("teacher_spread"))
+    ramp = int(pcfg.objective.distill_warmup_steps)
     if ramp:
-        lines += [f"`total` rises over the first {ramp} steps while the self-distillation weights λ3, λ4 ramp "
-                  "in from 0 (`objective.distill_warmup_steps`); the terms themselves are logged unweighted.", ""]
+        lines += [f"The self-distillation weights λ3, λ4 ramp in from 0 over the first {ramp} steps "
+                  "(`objective.distill_warmup_steps`), so `total` (weighted) is not comparable across the ramp; "
+                  "the terms themselves are logged unweighted.", ""]
     lines += [f"![{p.stem}]({_rel(p, out)})" for p in plots] + [""]
-    lines += detect_section(info["detect"], out)
-    lines += retrieval_section(info["retrieval"], heights)
+    lines += detect_section(info["detect"], out, float(cfg.report_min_reference_map50))
+    lines += human_labels_section(info.get("human_labels"))
+    lines += retrieval_section(info["retrieval"], heights, local_view_heights(held, pcfg.views))
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import torch
+from torch.utils.data import IterableDataset, get_worker_info
 
 from gsdistill.tuples.errors import DataError
 
@@ -67,21 +68,18 @@ class FixedBatches:
         return self
 
 
-class ShardBatches:
-    """Endless, resumable stream of collated pretraining batches from a shard dir with cached text embeddings."""
+class _EpochBatches:
+    """One rank's whole batches of one epoch, from whichever process runs it (a DataLoader worker,
+    or the main process when there are none); small and picklable, it is what workers receive."""
 
     def __init__(self, shard_dir: str, cfg, rank: int, world: int, local_batch: int, patch_size: int):
         self.shard_dir, self.cfg, self.rank, self.world = shard_dir, cfg, rank, world
         self.local_batch, self.patch_size = local_batch, patch_size
         self.seed = int(cfg["train"]["seed"])
-        self.position = {"epoch": 0, "batch": 0}
-        self._it: Iterator[dict] | None = None
 
-    def _epoch_iterator(self, epoch: int, skip_batches: int = 0) -> Iterator[dict]:
-        from torch.utils.data import DataLoader
-
+    def dataset(self, epoch: int):
         from gsdistill.tuples.shards import ShardDataset
-        from gsdistill.views.multicrop import MultiCropViews, collate_pretrain
+        from gsdistill.views.multicrop import MultiCropViews
 
         v, d = self.cfg["views"], self.cfg["data"]
         views = MultiCropViews(
@@ -93,28 +91,104 @@ class ShardBatches:
         dataset = ShardDataset(self.shard_dir, shuffle_buffer=int(d["shuffle_buffer"]), seed=self.seed,
                                rank=self.rank, world_size=self.world, transform=views)
         dataset.set_epoch(epoch)
-        dataset.skip_batches(skip_batches, self.local_batch)  # skipped pages are neither decoded nor augmented
-        loader = DataLoader(dataset, batch_size=self.local_batch, collate_fn=collate_pretrain, drop_last=True,
-                            num_workers=int(d["num_workers"]))
-        return iter(loader)
+        return dataset
+
+    def per_reader(self, readers: int) -> int:
+        """Whole batches every one of this rank's ``readers`` can make an epoch (the fewest of any)."""
+        from gsdistill.tuples.shard_split import reader_page_count
+        from gsdistill.tuples.shards import ShardDataset
+
+        shard_pages = ShardDataset(self.shard_dir, rank=self.rank, world_size=self.world,
+                                   embeddings=False).pages_per_shard()
+        order = list(range(len(shard_pages)))  # a reader's page count does not depend on the order
+        return min(reader_page_count(order, shard_pages, self.rank * readers + w, self.world * readers)
+                   for w in range(readers)) // self.local_batch
+
+    def batches(self, epoch: int, skip_rounds: int, readers: int) -> Iterator[dict]:
+        """This reader's batches of ``epoch`` after its first ``skip_rounds`` (skipped pages are
+        neither decoded nor augmented); the dataset and its views are built at once."""
+        count = self.per_reader(readers) - skip_rounds
+        dataset = self.dataset(epoch)
+        dataset.skip_batches(skip_rounds * readers, self.local_batch)
+        return self._collated(iter(dataset), count)
+
+    def _collated(self, pages: Iterator[dict], count: int) -> Iterator[dict]:
+        from gsdistill.views.multicrop import collate_pretrain
+
+        made, batch = 0, []
+        while made < count:  # pages beyond would make batches other workers cannot match this epoch
+            batch.append(next(pages))
+            if len(batch) == self.local_batch:
+                yield collate_pretrain(batch)
+                made, batch = made + 1, []
+
+
+class _EndlessBatches(IterableDataset):
+    """``(epoch, batch)`` over epochs ``start``, ``start + 1``, ... from each DataLoader worker. Every
+    worker makes the same number of batches an epoch, so the DataLoader's round robin (worker 0, 1,
+    ...) begins each epoch at worker 0, as a new DataLoader per epoch would, from workers that live
+    for the whole run."""
+
+    def __init__(self, epochs: _EpochBatches, start: int, skip_rounds: int):
+        self.epochs, self.start, self.skip_rounds = epochs, start, skip_rounds
+
+    def __iter__(self) -> Iterator[tuple[int, dict]]:
+        info = get_worker_info()
+        readers = 1 if info is None else info.num_workers
+        epoch, skip = self.start, self.skip_rounds
+        while True:
+            for batch in self.epochs.batches(epoch, skip, readers):
+                yield epoch, batch
+            epoch, skip = epoch + 1, 0
+
+
+class ShardBatches:
+    """Endless, resumable stream of collated pretraining batches from a shard dir with cached text
+    embeddings. One DataLoader serves the whole run: its workers start once, not once an epoch, and
+    stay busy across epoch boundaries. ``pin_memory`` (for CUDA): batches come in page-locked memory,
+    so :func:`to_device`'s ``non_blocking`` copies really overlap the step."""
+
+    def __init__(self, shard_dir: str, cfg, rank: int, world: int, local_batch: int, patch_size: int,
+                 pin_memory: bool = False):
+        self.shard_dir, self.rank, self.world, self.local_batch = shard_dir, rank, world, local_batch
+        self.workers, self.pin_memory = int(cfg["data"]["num_workers"]), bool(pin_memory)
+        self.epochs = _EpochBatches(shard_dir, cfg, rank, world, local_batch, patch_size)
+        self.position = {"epoch": 0, "batch": 0}
+        self._it: Iterator[tuple[int, dict]] | None = None
+
+    def _epoch_iterator(self, epoch: int, skip_batches: int = 0) -> Iterator[dict]:
+        """One epoch's batches in this process (no workers)."""
+        return self.epochs.batches(epoch, skip_batches, 1)
+
+    def _open(self, position: dict) -> None:
+        readers = max(1, self.workers)
+        per_reader = self.epochs.per_reader(readers)
+        if per_reader == 0:
+            raise DataError(f"{self.shard_dir}: rank {self.rank} of {self.world} has a DataLoader reader with "
+                            f"fewer than {self.local_batch} pages an epoch (data.num_workers={self.workers}); "
+                            "use more pages, fewer workers or a smaller batch")
+        epoch = int(position["epoch"])
+        rounds, extra = divmod(int(position["batch"]), readers)
+        if rounds >= per_reader:  # the position is the epoch's end: the next batch opens the next one
+            epoch, rounds, extra = epoch + 1, 0, 0
+        from torch.utils.data import DataLoader
+        loader = DataLoader(_EndlessBatches(self.epochs, epoch, rounds), batch_size=None,
+                            num_workers=self.workers, pin_memory=self.pin_memory)
+        self._it = iter(loader)
+        for _ in range(extra):  # batches of a part-done round: made again and dropped, to keep the order
+            next(self._it)
 
     def restore(self, position: dict) -> None:
         """Rebuild the stream at ``position`` (the dataset skips the epoch's first batches unaugmented)."""
         self.position = {"epoch": int(position["epoch"]), "batch": int(position["batch"])}
-        self._it = self._epoch_iterator(self.position["epoch"], skip_batches=self.position["batch"])
+        self._open(self.position)
 
     def __next__(self) -> dict:
         if self._it is None:
-            self._it = self._epoch_iterator(self.position["epoch"])
-        try:
-            batch = next(self._it)
-        except StopIteration:
-            if self.position["batch"] == 0:
-                raise DataError(f"{self.shard_dir}: rank {self.rank} of {self.world} got no complete batch of "
-                                 f"{self.local_batch} pages in an epoch; use more pages or a smaller batch") from None
-            self.position = {"epoch": self.position["epoch"] + 1, "batch": 0}
-            self._it = self._epoch_iterator(self.position["epoch"])
-            batch = next(self._it)
+            self._open(self.position)
+        epoch, batch = next(self._it)
+        if epoch != self.position["epoch"]:
+            self.position = {"epoch": epoch, "batch": 0}
         self.position["batch"] += 1
         return batch
 

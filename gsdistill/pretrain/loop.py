@@ -22,6 +22,7 @@ own checkpoints, by step number.
 from __future__ import annotations
 
 import math
+import resource
 import signal
 import sys
 import time
@@ -72,6 +73,7 @@ class LoopPlan:
     engine: str = "torch"  # recorded in each checkpoint's state.json
     name: str = "train"  # progress bar and message prefix
     check_every_step: bool = False  # keep the losses' value checks on after the first step (debugging)
+    log_memory: bool = False  # a peak_mem_gb column (tools/gpu_check.py reads it)
     lr_key: str = "optim.lr"  # the config keys named in a TrainingDiverged message
     warmup_key: str = "optim.warmup_steps"
 
@@ -86,7 +88,7 @@ def pretrain_plan(cfg) -> LoopPlan:
         log_every=int(t["log_every"]), ckpt_every=int(t["ckpt_every"]), keep_checkpoints=int(t["keep_checkpoints"]),
         tensorboard=bool(t["tensorboard"]), progress=bool(t["progress"]), plots=bool(t["plots"]),
         plot_terms=LOSS_TERMS, engine=str(t["engine"]), name="pretrain",
-        check_every_step=bool(t["debug_checks"]))
+        check_every_step=bool(t["debug_checks"]), log_memory=True)
 
 
 def non_finite_pages(batch: dict) -> list[str]:
@@ -101,6 +103,13 @@ def non_finite_pages(batch: dict) -> list[str]:
         pages = sorted({ids[r % n_pages] if ids else r % n_pages for r in rows}, key=str)
         found.append(f"{key} of page(s) {pages[:5]}" + (f" and {len(pages) - 5} more" if len(pages) > 5 else ""))
     return found
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak memory in GiB: the CUDA allocator's (a host counter, no sync), else the process's RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def batch_is_bad(batch: dict, device: torch.device) -> torch.Tensor:
@@ -256,7 +265,8 @@ class Trainer:
         self.step += 1
         values.update(batch.get("log", {}))
         values.update(lr=lr, **extra, grad_norm=grad_norm, weight_norm=weight_norm, data_s=t1 - t0,
-                      step_s=time.perf_counter() - t0)
+                      step_s=time.perf_counter() - t0, **({"peak_mem_gb": peak_memory_gb(self.device)}
+                                                          if p.log_memory else {}))
         self.history.append({"step": self.step, **values})
         if signalled:
             path = self.save(values)

@@ -10,8 +10,10 @@ builds the resumed config from the checkpoint's own (:func:`resume_config`).
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -21,8 +23,8 @@ from omegaconf import OmegaConf
 from gsdistill.config import load_config, save_config
 from gsdistill.errors import InputError, MissingFileError
 from gsdistill.models.backbone import create_backbone, save_backbone
-from gsdistill.pretrain import checkpoint
-from gsdistill.pretrain.distributed import setup
+from gsdistill.pretrain import checkpoint, startup_checks
+from gsdistill.pretrain.distributed import rank0_then_all, setup
 from gsdistill.pretrain.loop import Trainer
 
 # per-invocation keys: never carried over from the resumed checkpoint, never reported as changes
@@ -96,13 +98,14 @@ def prepare_synthetic(cfg, out_dir: Path) -> Path:
 
 def embed_cached(cfg, shard_dir: Path) -> Path:
     """Shard dir with the frozen text encoder's embeddings of every span and box descriptor."""
-    from gsdistill.tuples.text_cache import embed_shards
+    from gsdistill.tuples.text_cache import embed_shards, fields_for
 
     if not (Path(shard_dir) / "manifest.json").is_file():
         raise MissingFileError(f"data.shards={shard_dir}: no manifest.json; build shards with 'gsdistill tuples'")
     return Path(embed_shards(shard_dir, encoder=str(cfg["model"]["text_encoder"]),
                              batch_size=int(cfg["data"]["embed_batch_size"]),
-                             descriptor_format=str(cfg["data"]["descriptor_format"])))
+                             descriptor_format=str(cfg["data"]["descriptor_format"]),
+                             fields=fields_for(str(cfg["objective"]["positives"]))))
 
 
 def export_backbone(model_state: dict[str, torch.Tensor], cfg, out_dir: Path, source: str = "") -> Path:
@@ -114,15 +117,19 @@ def export_backbone(model_state: dict[str, torch.Tensor], cfg, out_dir: Path, so
     return save_backbone(backbone, bcfg, out_dir, extra={"source": source, "trained_with": "gsdistill"})
 
 
-def _data_stream(cfg, rank: int, world: int, local_batch: int, patch_size: int, run_dir: Path):
+def _data_stream(cfg, rank: int, world: int, local_batch: int, patch_size: int, run_dir: Path,
+                 device: torch.device):
     from gsdistill.pretrain.data_stream import ShardBatches
 
-    shards = ""
-    if rank == 0:  # the text cache is reused when it matches the encoder, (re)built otherwise
+    def prepare() -> str:  # rank 0: the text cache is reused when it matches the encoder, (re)built otherwise
         given = cfg["data"]["shards"]
-        shards = str(prepare_synthetic(cfg, run_dir / "data") if not given else embed_cached(cfg, Path(given)))
-    shards = _broadcast_str(shards)  # also makes the other ranks wait for rank 0's data
-    return ShardBatches(str(shards), cfg, rank, world, local_batch, patch_size)
+        return str(prepare_synthetic(cfg, run_dir / "data") if not given else embed_cached(cfg, Path(given)))
+
+    shards = rank0_then_all(prepare, timedelta(minutes=int(cfg["data"]["prepare_timeout_minutes"])))
+    pages = startup_checks.page_count(cfg, shards)  # the pages as written (a builder may have skipped some)
+    if pages is not None:
+        startup_checks.check_pages(cfg, world, *pages)
+    return ShardBatches(str(shards), cfg, rank, world, local_batch, patch_size, pin_memory=device.type == "cuda")
 
 
 def build_engine(cfg, model, device, world: int, local_batch: int):
@@ -147,10 +154,16 @@ def run_pretraining(cfg, run_dir: Path | None = None, batches=None) -> Path:
     """
     from gsdistill.models.gsdistill_model import GSDistill
 
-    rank, world, device = setup(str(cfg["train"]["engine"]), str(cfg["train"]["device"]))
+    # config checks before the process group: every rank fails alike, at once, none waits for another
+    if batches is None:
+        startup_checks.check_before_start(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    rank, world, device = setup(str(cfg["train"]["engine"]), str(cfg["train"]["device"]),
+                                timedelta(minutes=int(cfg["train"]["dist_timeout_minutes"])))
     global_batch = int(cfg["optim"]["batch_size"])
-    if global_batch % world:
-        raise InputError(f"optim.batch_size={global_batch} does not split over {world} processes")
+    startup_checks.check_batch_split(cfg, world)
+    startup_checks.check_precision(cfg, device)
+    if rank == 0:  # stdout, beside "run dir: ...": stderr stays for the one-line errors
+        print(f"[pretrain] {startup_checks.describe(cfg, device, world)}", flush=True)
     resumed, changes = None, []
     if cfg["train"]["resume"]:
         resumed, notes = checkpoint.find_resumable(cfg["train"]["resume"])
@@ -166,7 +179,7 @@ def run_pretraining(cfg, run_dir: Path | None = None, batches=None) -> Path:
     model = GSDistill(cfg)
     patch = int(model.backbone.patch_embed.patch_size[0])
     stream = (batches(rank, world) if batches is not None
-              else _data_stream(cfg, rank, world, global_batch // world, patch, run_dir))
+              else _data_stream(cfg, rank, world, global_batch // world, patch, run_dir, device))
     engine = build_engine(cfg, model, device, world, global_batch // world)
     trainer = Trainer(cfg, run_dir, engine, stream, rank, world, device)
     if resumed is not None:

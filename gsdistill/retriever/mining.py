@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -119,7 +121,8 @@ def mining_key(data: RetrievalData, qids: list[str], qrels: dict, settings: dict
 
 def cached_negatives(cache_dir: str | Path, key: dict, compute) -> tuple[dict[str, list[int]], Path, bool]:
     """``(negatives, file, reused)``: read ``cache_dir/<hash of key>.json`` when it holds the same key,
-    else call ``compute()`` and write it there (key stored beside the lists)."""
+    else call ``compute()`` and write it there (key stored beside the lists). The file appears whole
+    or not at all (written beside it, then renamed): runs sharing the folder never read half a file."""
     cache_dir = Path(cache_dir)
     name = hashlib.sha1(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:20]
     path = cache_dir / f"{name}.json"
@@ -129,5 +132,18 @@ def cached_negatives(cache_dir: str | Path, key: dict, compute) -> tuple[dict[st
             return {q: [int(i) for i in v] for q, v in stored["negatives"].items()}, path, True
     negatives = compute()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": key, "negatives": negatives}))
+    write_atomic(path, json.dumps({"key": key, "negatives": negatives}))
     return negatives, path, False
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``path.write_text(text)`` as one rename: a temporary file in the same folder, then
+    ``os.replace`` (atomic on POSIX and Windows), removed if anything fails on the way."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

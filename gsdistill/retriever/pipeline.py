@@ -3,6 +3,10 @@
 Used by ``gsdistill retriever train`` and by ``tools/retriever_table.py``. With a frozen passage
 tower the corpus is encoded once, and those embeddings serve label-noise injection, training and
 evaluation alike; pass ``passage_embeddings`` to reuse them across runs.
+
+Under ``torchrun`` every rank runs this; they share one run folder (rank 0 names it and broadcasts
+the name), rank 0 alone writes files (data summary, mined-negative cache, checkpoints, evaluation,
+model) and hands the mined negatives to the other ranks.
 """
 from __future__ import annotations
 
@@ -12,9 +16,11 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig
 
 from gsdistill.losses.gather import is_distributed
+from gsdistill.pretrain.distributed import rank_and_world
 from gsdistill.retriever.data import RetrievalData
 from gsdistill.retriever.evaluate import encode_corpus, evaluate_retriever
 from gsdistill.retriever.loading import load_retrieval_data, train_test_queries
@@ -23,8 +29,19 @@ from gsdistill.retriever.noise import inject_label_noise
 from gsdistill.retriever.train import RetrieverTrainer, build_model, init_distributed
 
 
+def _from_rank0(value):
+    """Rank 0's ``value`` on every rank (a broadcast of a picklable object); itself when alone."""
+    if rank_and_world()[1] == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def make_run_dir(cfg: DictConfig) -> Path:
-    name = cfg.run.name or f"{cfg.loss.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """``run.dir/run.name``, or ``run.dir/<loss>-<timestamp>``: rank 0's clock names the folder of
+    every rank (ranks start seconds apart, and each would name its own). A collective."""
+    name = cfg.run.name or _from_rank0(f"{cfg.loss.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     return Path(cfg.run.dir) / name
 
 
@@ -46,8 +63,11 @@ def split_data(cfg: DictConfig) -> tuple[RetrievalData, RetrievalData | None]:
 
 
 def report_data(parts: dict[str, RetrievalData | None], out_dir: Path, quiet: bool = False) -> dict:
-    """Loader summaries of each part, printed to stderr and written to ``out_dir/data_summary.json``."""
+    """Loader summaries of each part, printed to stderr and written to ``out_dir/data_summary.json``
+    (by rank 0 alone under several processes)."""
     summary = {name: d.summary() for name, d in parts.items() if d is not None}
+    if rank_and_world()[0] > 0:
+        return summary
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "data_summary.json").write_text(json.dumps(summary, indent=2))
     if not quiet:
@@ -61,7 +81,8 @@ def report_data(parts: dict[str, RetrievalData | None], out_dir: Path, quiet: bo
 def mine_for_run(cfg: DictConfig, data: RetrievalData, qrels: dict, model, passage_embeddings, progress: bool):
     """``(mined {qid: [corpus index]}, info, remine or None)`` from ``negatives.*``; first pass with
     the model as it starts training (zero-shot), cached; ``remine(model)`` re-mines (dense) with the
-    current weights."""
+    current weights. Under several processes rank 0 mines (or reads the cache) and writes it, and
+    the other ranks receive its lists (a collective: every rank calls this)."""
     n = cfg.negatives
     method = check_method(n.method)
     if method == "none":
@@ -83,7 +104,8 @@ def mine_for_run(cfg: DictConfig, data: RetrievalData, qrels: dict, model, passa
     encoder = json.dumps({k: v for k, v in model.settings().items() if k not in unused}, sort_keys=True)
     key = mining_key(data, qids, qrels, settings, encoder)
     cache = Path(n.cache_dir) if n.cache_dir else Path(cfg.run.dir) / "mined_negatives"
-    mined, path, reused = cached_negatives(cache, key, lambda: compute(model))
+    found = cached_negatives(cache, key, lambda: compute(model)) if rank_and_world()[0] == 0 else None
+    mined, path, reused = _from_rank0(found)
     sizes = [len(v) for v in mined.values()]
     info = {**settings, "file": str(path), "reused_cache": reused, "queries": len(mined),
             "mean_per_query": sum(sizes) / max(1, len(sizes)), "queries_without_mined": sizes.count(0),
@@ -114,8 +136,8 @@ def train_and_evaluate(cfg: DictConfig, run_dir: str | Path | None = None,
     ``augment_train(train_data) -> RetrievalData``: extra training queries (same corpus) added
     before noise and mining, e.g. ``tools/retriever_pseudo_queries.py``; the eval data is untouched.
     """
+    init_distributed(cfg.train.device)  # sets this rank's device; joins only under torchrun (WORLD_SIZE > 1)
     run_dir = Path(run_dir) if run_dir is not None else make_run_dir(cfg)
-    init_distributed()  # no-op unless launched by torchrun with WORLD_SIZE > 1
     loaded, train_data, eval_data = load_split(cfg)
     if augment_train is not None:
         train_data = augment_train(train_data)

@@ -15,7 +15,6 @@ rank takes an equal share of every epoch's groups and the candidates are gathere
 """
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from gsdistill.retriever.data import RetrievalData
 from gsdistill.retriever.groups import GroupSampler, TrainGroup
 from gsdistill.retriever.model import DualEncoder
 from gsdistill.retriever.train_support import (  # re-exported: older imports
-    PassageCache, RetrieverEngine, StepStream, init_distributed, sync_gradients,
+    PassageCache, RetrieverEngine, StepStream, init_distributed, local_device, sync_gradients,
 )
 
 __all__ = ["PassageCache", "RetrieverEngine", "RetrieverTrainer", "StepStream", "build_loss", "build_model",
@@ -90,7 +89,7 @@ class RetrieverTrainer:
         check_batch_coupled_loss(cfg)
         self.qrels = data.qrels if qrels is None else qrels  # noisy labels go here
         torch.manual_seed(cfg.train.seed)
-        self.device = resolve_device(cfg.train.device, int(os.environ.get("LOCAL_RANK", "0")))
+        self.device = local_device(cfg.train.device)  # cuda:LOCAL_RANK, made current under torchrun
         self.model = (model or build_model(cfg)).to(self.device)
         self.cache = None
         if self.model.freeze_passage:

@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 
 from gsdistill.pretrain import checkpoint
-from gsdistill.device import resolve_device
-from gsdistill.pretrain.distributed import average_gradients, join_from_env
+from gsdistill.pretrain.distributed import average_gradients, join_from_env, pick_device
 from gsdistill.retriever.groups import batches
 from gsdistill.retriever.model import DualEncoder
 from gsdistill.retriever.objective import autocast_for, grad_cache_backward, loss_from_embeddings, step_inputs
@@ -26,10 +25,17 @@ from gsdistill.retriever.objective import autocast_for, grad_cache_backward, los
 sync_gradients = average_gradients  # older name
 
 
-def init_distributed() -> bool:
-    """Join the process group a launcher (torchrun) describes in the environment; False when alone."""
+def local_device(name: str = "auto") -> torch.device:
+    """This process's device: ``cuda:LOCAL_RANK`` under a launcher, made the current CUDA device
+    (else every rank's CUDA work, RNG state and NCCL calls land on GPU 0)."""
     import os
-    return join_from_env(resolve_device("auto", int(os.environ.get("LOCAL_RANK", "0"))))
+    return pick_device(name, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def init_distributed(device_name: str = "auto") -> bool:
+    """Set this rank's device, then join the process group a launcher (torchrun) describes in the
+    environment (nccl on CUDA, gloo on the CPU); False when alone."""
+    return join_from_env(local_device(device_name))
 
 
 class PassageCache:

@@ -96,11 +96,12 @@ def _build(args) -> int:
 
 
 def _embed(args) -> int:
-    from gsdistill.tuples.text_cache import embed_shards
+    from gsdistill.tuples.text_cache import embed_shards, fields_for
     cfg = _config(args)
     e = cfg.embed
     embed_shards(args.shard_dir, encoder=e.encoder, batch_size=int(e.batch_size), max_spans=e.max_spans,
-                 force=args.force, device=e.device, descriptor_format=e.descriptor_format)
+                 force=args.force, device=e.device, descriptor_format=e.descriptor_format,
+                 fields=fields_for(str(e.positives)))
     print(f"embeddings of {args.shard_dir} are current ({e.encoder or 'all-MiniLM-L6-v2'})")
     return 0
 

@@ -16,6 +16,7 @@ CMYK, 16-bit and float images rescaled) and raises ``DataError`` for unreadable 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import statistics
@@ -73,6 +74,20 @@ def tesseract_available() -> bool:
     return shutil.which("tesseract") is not None
 
 
+@contextlib.contextmanager
+def _tesseract_thread_limit():
+    """``OMP_THREAD_LIMIT=1`` for the Tesseract child process only (on shared CPUs its OpenMP pool mostly
+    spins). Left in this process's environment it reached every process started later, and torch's bf16
+    CPU kernels under ``OMP_THREAD_LIMIT`` return NaN (measured: ``tools/gpu_check.sh --cpu``, issue 22)."""
+    before = os.environ.get("OMP_THREAD_LIMIT")
+    os.environ["OMP_THREAD_LIMIT"] = before or "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["OMP_THREAD_LIMIT"]
+
+
 def tesseract_ocr(image: Image.Image, lang: str = "eng", psm: int = 3, min_conf: float = 30.0,
                   min_width: int = 1200) -> list[dict]:
     """Words from Tesseract (``image_to_data``), grouped by (block, paragraph), confidence >= min_conf.
@@ -83,12 +98,11 @@ def tesseract_ocr(image: Image.Image, lang: str = "eng", psm: int = 3, min_conf:
     import pytesseract
     if not tesseract_available():
         raise DataError("OCR needs the 'tesseract' program (Debian: apt install tesseract-ocr); not found on PATH")
-    # one OpenMP thread per Tesseract process: on shared CPUs its thread pool mostly spins
-    os.environ.setdefault("OMP_THREAD_LIMIT", "1")
     scale = max(1.0, min_width / max(image.width, 1))
     if scale > 1.0:
         image = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.LANCZOS)
-    data = pytesseract.image_to_data(image, lang=lang, config=f"--psm {psm}", output_type=pytesseract.Output.DICT)
+    with _tesseract_thread_limit():
+        data = pytesseract.image_to_data(image, lang=lang, config=f"--psm {psm}", output_type=pytesseract.Output.DICT)
     words = []
     for i, text in enumerate(data["text"]):
         text = (text or "").strip()

@@ -26,6 +26,22 @@ PUBLAYNET_TO_DOCLAYNET: dict[str, str] = {
     "figure": "Picture",
 }
 
+# DocLayNet's 11 classes folded onto PubLayNet's 5, the class set real PDFs label consistently
+# (issue 21: a detector trained on a few hundred pages cannot learn 11 classes of which 6 occur on
+# under 5 % of pages). PubLayNet boxes captions, footnotes and formulas inside its "text" class,
+# titles and section headings as "title", and leaves running heads and page numbers unlabelled:
+# they are dropped here (None), counted in the converter's manifest, as PubLayNet's annotators did.
+DOCLAYNET_TO_PUBLAYNET: dict[str, str | None] = {
+    "Caption": "text", "Footnote": "text", "Formula": "text", "Text": "text",
+    "Title": "title", "Section-header": "title",
+    "List-item": "list", "Table": "table", "Picture": "figure",
+    "Page-header": None, "Page-footer": None,
+}
+LABEL_SETS: dict[str, tuple[list[str], dict | None]] = {
+    "doclaynet": (DOCLAYNET_CLASSES, None),
+    "publaynet": (PUBLAYNET_CLASSES, DOCLAYNET_TO_PUBLAYNET),
+}
+
 DOCBANK_CLASSES: list[str] = [
     "abstract", "author", "caption", "date", "equation", "figure", "footer", "list",
     "paragraph", "reference", "section", "table", "title",

@@ -27,6 +27,14 @@ from gsdistill.tuples.errors import DataError
 CACHE_DIR, META = "embeddings", "meta.json"
 FORMAT = "gsdistill-text-cache/1"
 FIELDS = ("sem", "geom", "sp_sem", "sp_geom", "sp_joint")
+MULTI_POSITIVE_FIELDS = ("sem", "geom")  # what the default (multi-positive) objective reads
+
+
+def fields_for(positives: str) -> tuple[str, ...]:
+    """The cache fields an objective reads (``objective.positives``): the whole-page texts of the
+    single-positive rows are long (most of the encoder's time on real pages), so they are embedded
+    only for those rows."""
+    return MULTI_POSITIVE_FIELDS if positives == "multi" else FIELDS
 
 
 def page_texts(page: dict, max_spans: int | None = None, fmt: str | None = None) -> dict[str, list[str] | str]:
@@ -58,20 +66,28 @@ def _read_meta(shard_dir: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _is_current(meta: dict | None, encoder_name: str, shard_dir: Path, max_spans, fmt: str) -> bool:
+def cached_fields(meta: dict) -> tuple[str, ...]:
+    """The fields a cache holds (caches written before fields were selectable hold all of them)."""
+    return tuple(meta.get("fields") or FIELDS)
+
+
+def _is_current(meta: dict | None, encoder_name: str, shard_dir: Path, max_spans, fmt: str,
+                fields: tuple[str, ...]) -> bool:
     return (meta is not None and meta.get("format") == FORMAT and meta.get("encoder") == encoder_name
             and meta.get("descriptor_version") == fmt and meta.get("max_spans") == max_spans
-            and meta.get("shards") == _fingerprints(shard_dir))
+            and set(fields) <= set(cached_fields(meta)) and meta.get("shards") == _fingerprints(shard_dir))
 
 
 def embed_shards(shard_dir: str | Path, encoder: str | None = None, batch_size: int = 64,
                  max_spans: int | None = None, force: bool = False, device: str | None = None,
-                 progress: bool = True, descriptor_format: str | None = None) -> Path:
+                 progress: bool = True, descriptor_format: str | None = None,
+                 fields: tuple[str, ...] | None = None) -> Path:
     """Embed every page's texts with the frozen ``encoder`` (default all-MiniLM-L6-v2); return ``shard_dir``.
 
     Box descriptors are written in ``descriptor_format`` (default ``DESCRIPTOR_VERSION``; unknown
-    names raise ConfigError). A current cache (same encoder, descriptor format, max_spans and shards)
-    is reused; anything else is rebuilt from scratch.
+    names raise ConfigError). ``fields`` (default all of ``FIELDS``; :func:`fields_for` gives what an
+    objective reads) are the texts embedded. A current cache (same encoder, descriptor format,
+    max_spans and shards, holding at least ``fields``) is reused; anything else is rebuilt from scratch.
     """
     from gsdistill.tuples.shards import iter_tar, list_shards, decode_sample
     from gsdistill.models.text_encoder import DEFAULT_ENCODER, TextEncoder
@@ -79,7 +95,8 @@ def embed_shards(shard_dir: str | Path, encoder: str | None = None, batch_size: 
     shard_dir = Path(shard_dir)
     name = encoder or DEFAULT_ENCODER
     fmt = _checked_format(descriptor_format or DESCRIPTOR_VERSION)
-    if not force and _is_current(_read_meta(shard_dir), name, shard_dir, max_spans, fmt):
+    fields = tuple(f for f in FIELDS if f in (fields or FIELDS))  # canonical order
+    if not force and _is_current(_read_meta(shard_dir), name, shard_dir, max_spans, fmt, fields):
         return shard_dir
     from gsdistill.device import resolve_device
     dev = str(resolve_device(device))
@@ -90,13 +107,13 @@ def embed_shards(shard_dir: str | Path, encoder: str | None = None, batch_size: 
     files = list_shards(shard_dir)
     for f in tqdm(files, desc=f"embed {shard_dir.name} ({name})", unit="shard", disable=not progress):
         pages = [decode_sample(k, p, str(f), decode_images=False) for k, p in iter_tar(f)]
-        texts = [page_texts(p, max_spans, fmt) for p in pages]
+        texts = [{f: v for f, v in page_texts(p, max_spans, fmt).items() if f in fields} for p in pages]
         unique = sorted({t for tx in texts for v in tx.values() for t in ([v] if isinstance(v, str) else v)})
         emb = enc.encode(unique, batch_size=batch_size).numpy().astype(np.float32)
         row = {t: i for i, t in enumerate(unique)}
         arrays = {}
         for page, tx in zip(pages, texts):
-            for field in FIELDS:
+            for field in fields:
                 value = tx[field]
                 idx = [row[value]] if isinstance(value, str) else [row[t] for t in value]
                 arr = emb[idx].reshape(len(idx), enc.dim)
@@ -105,7 +122,7 @@ def embed_shards(shard_dir: str | Path, encoder: str | None = None, batch_size: 
         np.savez(tmp, **arrays)
         tmp.replace(cache / (f.stem + ".npz"))
     meta = {"format": FORMAT, "encoder": name, "descriptor_version": fmt, "dim": enc.dim,
-            "max_spans": max_spans, "shards": _fingerprints(shard_dir)}
+            "max_spans": max_spans, "fields": list(fields), "shards": _fingerprints(shard_dir)}
     (cache / META).write_text(json.dumps(meta, indent=1))
     return shard_dir
 
@@ -131,7 +148,7 @@ class CachedEmbeddings:
 
         def lookup(key: str) -> dict:
             try:
-                return {f"{field}_emb": data[f"{key}.{field}"] for field in FIELDS}
+                return {f"{field}_emb": data[f"{key}.{field}"] for field in cached_fields(self.meta)}
             except KeyError:
                 raise DataError(f"{shard}: page {key!r} has no cached embedding; run 'gsdistill tuples embed'") from None
             except Exception as e:  # a damaged member (bad CRC, cut stream) is found only when read

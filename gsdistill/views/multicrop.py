@@ -11,6 +11,14 @@ page's span and layout boxes go through the same albumentations transforms and
 dropped with their labels); pretraining does not use them, so it is off by default.
 Each student global view also gets an iBOT block mask over its patch grid.
 
+Local crops come in two kinds (``local_mode``). ``random``: DINO's, a random region of
+``local_scale`` of the page area, resized to ``local_size``; on a real page shrunk that way a text
+line is 2-3 px high. ``spans``: a square of about ``local_span_px`` page pixels (x0.8-1.25) around
+a random point of a random text span, resized to ``local_size``, so the text of real documents is
+seen near its native size (with ``local_span_px`` = 96 and ``local_size`` = 64, a 10 px line of a
+72 dpi page is about 7 px high): the paper's local views are crops of the page at its own
+resolution, the only views in which a CPU-sized model can see real text.
+
 ``collate_pretrain`` stacks samples into the view-major batch the model consumes
 (:meth:`gsdistill.models.gsdistill_model.GSDistill.forward`): every page's view 0, then every
 page's view 1, ...
@@ -20,6 +28,7 @@ from __future__ import annotations
 import zlib
 
 import albumentations as A
+import cv2
 import numpy as np
 import torch
 
@@ -27,6 +36,7 @@ from gsdistill.views.masking import view_mask
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+LOCAL_MODES = ("random", "spans")
 
 
 def _pipeline(size: int, scale: tuple[float, float], hflip: bool, color_jitter: float, blur_prob: float,
@@ -48,6 +58,42 @@ def _pipeline(size: int, scale: tuple[float, float], hflip: bool, color_jitter: 
         return A.Compose(ops)
     return A.Compose(ops, bbox_params=A.BboxParams(format="pascal_voc", label_fields=["labels"],
                                                    clip=True, min_visibility=0.0, filter_invalid_bboxes=True))
+
+
+def _photometric(size: int, color_jitter: float, blur_prob: float) -> A.Compose:
+    """Resize an already cut region to ``size`` (area interpolation when shrinking), jitter, normalise."""
+    ops = [A.Resize(size, size, interpolation=cv2.INTER_AREA)]
+    if color_jitter > 0:
+        cj = color_jitter
+        ops += [A.ColorJitter(brightness=cj, contrast=cj, saturation=cj / 2, hue=0.05, p=0.8), A.ToGray(p=0.2)]
+    if blur_prob > 0:
+        ops.append(A.GaussianBlur(blur_limit=(3, 5), p=blur_prob))
+    return A.Compose([*ops, A.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD)])
+
+
+def span_window(page: dict, side_px: float, rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """A square window ``[x0, y0, x1, y1)`` of about ``side_px`` (x0.8-1.25) page pixels around a random
+    point of a random text span, moved (not cut) to lie inside the page; the page centre without spans."""
+    w, h = int(page["width"]), int(page["height"])
+    side = int(round(min(side_px * float(np.exp(rng.uniform(np.log(0.8), np.log(1.25)))), w, h)))
+    spans = [s["bbox"] for s in page.get("spans", []) if s["bbox"][2] > s["bbox"][0] and s["bbox"][3] > s["bbox"][1]]
+    if spans:
+        x0, y0, x1, y1 = (float(v) for v in spans[int(rng.integers(len(spans)))])
+        cx, cy = rng.uniform(x0, x1), rng.uniform(y0, y1)
+    else:
+        cx, cy = w / 2, h / 2
+    left = int(np.clip(round(cx - side / 2), 0, w - side))
+    top = int(np.clip(round(cy - side / 2), 0, h - side))
+    return left, top, left + side, top + side
+
+
+def _shift_boxes(boxes: tuple[np.ndarray, list[str]], window, size: int) -> dict:
+    """Page-pixel boxes -> pixels of the ``size`` view of ``window`` (clipped; outside ones dropped)."""
+    x0, y0, x1, y1 = window
+    k = size / (x1 - x0)
+    b = (np.clip(boxes[0], [x0, y0, x0, y0], [x1, y1, x1, y1]) - [x0, y0, x0, y0]) * k
+    keep = ((b[:, 2] - b[:, 0]) >= 1) & ((b[:, 3] - b[:, 1]) >= 1)
+    return {"bboxes": b[keep].astype(np.float32).reshape(-1, 4), "labels": [lab for lab, m in zip(boxes[1], keep) if m]}
 
 
 def page_boxes(page: dict) -> tuple[np.ndarray, list[str]]:
@@ -72,7 +118,8 @@ class MultiCropViews:
     def __init__(self, global_size: int = 224, local_size: int = 96, n_global: int = 2, n_local: int = 8,
                  global_scale=(0.32, 1.0), local_scale=(0.05, 0.32), patch_size: int = 16,
                  mask_prob: float = 0.5, mask_ratio=(0.1, 0.5), hflip: bool = False, color_jitter: float = 0.4,
-                 blur_prob: float = 0.1, max_spans: int = 32, seed: int = 0, track_boxes: bool = False):
+                 blur_prob: float = 0.1, max_spans: int = 32, seed: int = 0, track_boxes: bool = False,
+                 local_mode: str = "random", local_span_px: int = 96):
         if global_size % patch_size:
             raise ValueError(f"global_size={global_size} is not a multiple of patch_size={patch_size}")
         if n_global < 1:
@@ -82,8 +129,30 @@ class MultiCropViews:
         self.mask_prob, self.mask_ratio = float(mask_prob), tuple(mask_ratio)
         self.track_boxes = bool(track_boxes)
         self.global_tf = _pipeline(global_size, global_scale, hflip, color_jitter, blur_prob, self.track_boxes)
+        if local_mode not in LOCAL_MODES:
+            raise ValueError(f"local_mode must be one of {LOCAL_MODES}, got {local_mode!r}")
+        self.local_mode, self.local_size, self.local_span_px = local_mode, int(local_size), float(local_span_px)
         self.local_tf = _pipeline(local_size, local_scale, hflip, color_jitter, blur_prob, self.track_boxes)
+        self.span_tf = _photometric(local_size, color_jitter, blur_prob)
         self.seed = int(seed)
+
+    @classmethod
+    def from_config(cls, v, patch_size: int, seed: int) -> "MultiCropViews":
+        """The views of a pretraining config's ``views`` section (``configs/pretrain/default.yaml``)."""
+        return cls(global_size=int(v["global_size"]), local_size=int(v["local_size"]), n_global=int(v["n_global"]),
+                   n_local=int(v["n_local"]), global_scale=tuple(v["global_scale"]),
+                   local_scale=tuple(v["local_scale"]), patch_size=patch_size, mask_prob=float(v["mask_prob"]),
+                   mask_ratio=tuple(v["mask_ratio"]), max_spans=int(v["max_spans"]), hflip=bool(v["hflip"]),
+                   color_jitter=float(v["color_jitter"]), blur_prob=float(v["blur_prob"]), seed=seed,
+                   local_mode=str(v["local_mode"]), local_span_px=int(v["local_span_px"]))
+
+    def _span_view(self, rng: np.random.Generator, page: dict, image: np.ndarray, boxes) -> tuple:
+        window = span_window(page, self.local_span_px, rng)
+        x0, y0, x1, y1 = window
+        self.span_tf.set_random_seed(int(rng.integers(2**31)))
+        out = self.span_tf(image=np.ascontiguousarray(image[y0:y1, x0:x1]))
+        tensor = torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1))).float()
+        return tensor, (None if boxes is None else _shift_boxes(boxes, window, self.local_size))
 
     def _view(self, tf: A.Compose, rng: np.random.Generator, image: np.ndarray, boxes) -> tuple:
         tf.set_random_seed(int(rng.integers(2**31)))
@@ -102,7 +171,10 @@ class MultiCropViews:
         boxes = page_boxes(page) if self.track_boxes else None
         rng = np.random.default_rng([self.seed, zlib.crc32(str(page["id"]).encode("utf-8"))])
         g = [self._view(self.global_tf, rng, image, boxes) for _ in range(self.n_global)]
-        loc = [self._view(self.local_tf, rng, image, boxes) for _ in range(self.n_local)]
+        if self.local_mode == "spans":
+            loc = [self._span_view(rng, page, image, boxes) for _ in range(self.n_local)]
+        else:
+            loc = [self._view(self.local_tf, rng, image, boxes) for _ in range(self.n_local)]
         masks = [torch.from_numpy(view_mask(self.grid, self.mask_prob, self.mask_ratio, rng)) for _ in g]
         sample = {"id": page["id"], "global_crops": [t for t, _ in g], "local_crops": [t for t, _ in loc],
                   "masks": masks}
