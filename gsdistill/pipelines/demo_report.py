@@ -32,15 +32,19 @@ def loss_table(metrics_csv: Path) -> tuple[str, dict]:
     return "\n".join(lines), change
 
 
-def text_height_in_view(pages: list[dict], view_size: int) -> dict[str, float]:
-    """Median height, in pixels of a ``view_size`` whole-page view, of one-line text classes."""
+def _one_line_heights(pages: list[dict], factor) -> dict[str, float]:
+    """Median height of one-line text classes, each page's pixels scaled by ``factor(page)``."""
     out = {}
     for cls in ("Title", "Section-header", "Page-header"):
-        hs = [(s["bbox"][3] - s["bbox"][1]) * view_size / p["height"] for p in pages for s in p["spans"]
-              if s.get("category") == cls]
+        hs = [(s["bbox"][3] - s["bbox"][1]) * factor(p) for p in pages for s in p["spans"] if s.get("category") == cls]
         if hs:
             out[cls] = float(np.median(hs))
     return out
+
+
+def text_height_in_view(pages: list[dict], view_size: int) -> dict[str, float]:
+    """Median height, in pixels of a ``view_size`` whole-page view, of one-line text classes."""
+    return _one_line_heights(pages, lambda p: view_size / p["height"])
 
 
 def local_view_heights(pages: list[dict], views) -> tuple[str, dict[str, float]]:
@@ -57,12 +61,7 @@ def local_view_heights(pages: list[dict], views) -> tuple[str, dict[str, float]]
         share = float(np.sqrt(views.local_scale[0] * views.local_scale[1]))
         what = f"{size} px local views of {100 * share:.0f} % of the page area"
         factor = lambda p: size / np.sqrt(share * p["width"] * p["height"])  # noqa: E731
-    out = {}
-    for cls in ("Title", "Section-header", "Page-header"):
-        hs = [(s["bbox"][3] - s["bbox"][1]) * factor(p) for p in pages for s in p["spans"] if s.get("category") == cls]
-        if hs:
-            out[cls] = float(np.median(hs))
-    return what, out
+    return what, _one_line_heights(pages, factor)
 
 
 def data_section(info: dict) -> list[str]:
