@@ -9,6 +9,7 @@ calls :func:`apply_threads` once, before any torch work.
 from __future__ import annotations
 
 import os
+import sys
 
 
 def available_cores() -> int:
@@ -25,16 +26,19 @@ def default_threads(workers: int = 0) -> int:
     return max(1, available_cores() // (ranks * (1 + max(0, int(workers)))))
 
 
-def apply_threads(threads: int | None, workers: int = 0, ultralytics: bool = False) -> int:
+def apply_threads(threads: int | None, workers: int = 0, ultralytics: bool = False, torch_too: bool = True) -> int:
     """Set torch's intra-op threads to ``threads`` (None: :func:`default_threads`) and return the count.
 
     ``OMP_NUM_THREADS`` is set too, for processes this one starts. ``ultralytics``: also pin the
     count Ultralytics' ``select_device`` resets torch to on CPU (its own ``min(8, cores - 1)``).
+    ``torch_too`` False: a stage that needs no torch (``tuples build``) does not import it (~1 s of
+    start-up, serial before any worker starts); torch imported later reads ``OMP_NUM_THREADS``.
     """
-    import torch
     n = int(threads) if threads else default_threads(workers)
-    torch.set_num_threads(n)
     os.environ["OMP_NUM_THREADS"] = str(n)
+    if torch_too or "torch" in sys.modules:
+        import torch
+        torch.set_num_threads(n)
     if ultralytics:
         from ultralytics.utils import torch_utils
         torch_utils.NUM_THREADS = n

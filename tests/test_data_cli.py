@@ -9,6 +9,7 @@ import yaml
 from gsdistill.cli import main as gsdistill
 from gsdistill.tuples.cli import main
 from gsdistill.tuples.shards import read_pages
+from gsdistill.tuples.text_cache import open_embeddings
 
 
 def test_build_synthetic_shards_info_and_saved_config(tmp_path, capsys):
@@ -65,12 +66,12 @@ def test_embed_caches_minilm_vectors(tmp_path):
     assert main(["build", "--from", "synthetic", "1", "--out", str(out), "synthetic.width=256",
                  "synthetic.height=256", "build.progress=false"]) == 0
     assert main(["embed", str(out), "embed.max_spans=3", "embed.device=cpu"]) == 0
-    (page,) = read_pages(out)
+    (page,) = read_pages(out, embeddings=open_embeddings(out))
     assert page["sem_emb"].shape == (min(3, len(page["spans"])), 384)
     assert np.allclose(np.linalg.norm(page["sem_emb"], axis=1), 1.0, atol=1e-3)  # MiniLM output is L2-normalised
     assert "sp_sem_emb" not in page  # the whole-page texts only for the single-positive rows (embed.positives)
     meta = json.loads((out / "embeddings" / "meta.json").read_text())
     assert meta["encoder"] == "all-MiniLM-L6-v2" and meta["max_spans"] == 3 and meta["fields"] == ["sem", "geom"]
     assert main(["embed", str(out), "embed.max_spans=3", "embed.device=cpu", "embed.positives=single"]) == 0
-    (page,) = read_pages(out)
+    (page,) = read_pages(out, embeddings=open_embeddings(out))
     assert np.allclose(np.linalg.norm(page["sp_sem_emb"]), 1.0, atol=1e-3)

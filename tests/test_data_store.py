@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 from gsdistill.tuples import text_cache
+from gsdistill.tuples.embed_stage import embed_shards
 from gsdistill.tuples.errors import DataError, SkipLog
 from gsdistill.views.masking import block_mask, view_mask
 from gsdistill.tuples.shards import ShardDataset, read_manifest, read_pages, write_shards
@@ -94,23 +95,20 @@ class _FakeEncoder:
         return torch.tensor(np.array(rows), dtype=torch.float32).reshape(len(texts), self.dim)
 
 
-def test_text_cache_reuse_and_rebuild_on_version_change(shard_dir, monkeypatch):
-    import gsdistill.models.text_encoder as te
-    monkeypatch.setattr(te, "TextEncoder", _FakeEncoder)
-    text_cache.embed_shards(shard_dir, encoder="fake", progress=False)
-    page = next(iter(read_pages(shard_dir)))
+def test_text_cache_reuse_and_rebuild_on_version_change(shard_dir):
+    embed_shards(shard_dir, _FakeEncoder, "fake", progress=False)
+    page = next(iter(read_pages(shard_dir, embeddings=text_cache.open_embeddings(shard_dir))))
     assert page["sem_emb"].shape == (2, 8) and page["geom_emb"].shape == (1, 8)
     assert page["sp_sem_emb"].shape == (8,) and page["sp_joint_emb"].shape == (8,)
     expected = _FakeEncoder().encode(["span 1 of page 0"]).numpy()[0]
     np.testing.assert_allclose(page["sem_emb"][1], expected)
     meta_path = shard_dir / "embeddings" / "meta.json"
     stamp = meta_path.stat().st_mtime_ns
-    text_cache.embed_shards(shard_dir, encoder="fake", progress=False)
+    embed_shards(shard_dir, _FakeEncoder, "fake", progress=False)
     assert meta_path.stat().st_mtime_ns == stamp, "a current cache is reused"
-    monkeypatch.setattr(text_cache, "DESCRIPTOR_VERSION", "cls-xyxy1000-v1")
     with pytest.raises(DataError, match="descriptor format"):
         text_cache.open_embeddings(shard_dir, descriptor_format="cls-xyxy1000-v1")
-    text_cache.embed_shards(shard_dir, encoder="fake", progress=False)
+    embed_shards(shard_dir, _FakeEncoder, "fake", progress=False, descriptor_format="cls-xyxy1000-v1")
     assert json.loads(meta_path.read_text())["descriptor_version"] == "cls-xyxy1000-v1"
     with pytest.raises(DataError, match="made with 'fake'"):
         text_cache.open_embeddings(shard_dir, encoder="all-MiniLM-L6-v2")
@@ -150,12 +148,10 @@ def test_views_are_seeded_and_masks_match_ratio():
     assert 60 < len(masked) < 140 and all(0.09 <= r <= 0.51 for r in masked)
 
 
-def test_collate_is_view_major_and_padded(shard_dir, monkeypatch):
-    import gsdistill.models.text_encoder as te
-    monkeypatch.setattr(te, "TextEncoder", _FakeEncoder)
-    text_cache.embed_shards(shard_dir, encoder="fake", progress=False)
+def test_collate_is_view_major_and_padded(shard_dir):
+    embed_shards(shard_dir, _FakeEncoder, "fake", progress=False)
     views = MultiCropViews(global_size=32, local_size=16, n_global=2, n_local=0, patch_size=16)
-    samples = [views(p) for p in list(read_pages(shard_dir))[:3]]
+    samples = [views(p) for p in list(read_pages(shard_dir, embeddings=text_cache.open_embeddings(shard_dir)))[:3]]
     batch = collate_pretrain(samples)
     assert batch["global_crops"].shape == (6, 3, 32, 32) and batch["local_crops"].shape == (0, 3, 32, 32)
     assert torch.equal(batch["global_crops"][1], samples[1]["global_crops"][0])

@@ -8,6 +8,7 @@ from scipy.stats import spearmanr
 
 from gsdistill.config import ConfigError
 from gsdistill.tuples import text_cache
+from gsdistill.tuples.embed_stage import embed_shards
 from gsdistill.tuples.descriptors import (DEFAULT_FORMAT, FORMATS, LEGACY_FORMAT, box_geometry, box_texts,
                                         check_format, pole_words, single_positive_texts)
 from gsdistill.tuples.errors import DataError
@@ -73,27 +74,25 @@ class _FakeEncoder:
         return torch.tensor(np.array(rows), dtype=torch.float32).reshape(len(texts), self.dim)
 
 
-def test_switching_format_rebuilds_cache_and_reader_checks_it(tmp_path, monkeypatch):
-    import gsdistill.models.text_encoder as te
-    monkeypatch.setattr(te, "TextEncoder", _FakeEncoder)
+def test_switching_format_rebuilds_cache_and_reader_checks_it(tmp_path):
     from gsdistill.tuples.synthetic import generate_pages
     write_shards(generate_pages(2, seed=3, width=300, height=400), tmp_path)
     meta = tmp_path / "embeddings" / "meta.json"
-    text_cache.embed_shards(tmp_path, encoder="fake", progress=False, descriptor_format=LEGACY_FORMAT)
-    legacy = next(iter(read_pages(tmp_path, decode_images=False)))["geom_emb"]
+    embed_shards(tmp_path, _FakeEncoder, "fake", progress=False, descriptor_format=LEGACY_FORMAT)
+    legacy = next(iter(read_pages(tmp_path, decode_images=False, embeddings=text_cache.open_embeddings(tmp_path))))["geom_emb"]
     stamp = meta.stat().st_mtime_ns
-    text_cache.embed_shards(tmp_path, encoder="fake", progress=False, descriptor_format=LEGACY_FORMAT)
+    embed_shards(tmp_path, _FakeEncoder, "fake", progress=False, descriptor_format=LEGACY_FORMAT)
     assert meta.stat().st_mtime_ns == stamp, "same format: the cache is reused"
-    text_cache.embed_shards(tmp_path, encoder="fake", progress=False, descriptor_format="cls-poles8-v1")
+    embed_shards(tmp_path, _FakeEncoder, "fake", progress=False, descriptor_format="cls-poles8-v1")
     assert json.loads(meta.read_text())["descriptor_version"] == "cls-poles8-v1"
-    page = next(iter(read_pages(tmp_path, decode_images=False)))
+    page = next(iter(read_pages(tmp_path, decode_images=False, embeddings=text_cache.open_embeddings(tmp_path))))
     expected = _FakeEncoder().encode(box_texts(page, fmt="cls-poles8-v1")).numpy()
     np.testing.assert_allclose(page["geom_emb"], expected)
     assert not np.allclose(page["geom_emb"], legacy)
     with pytest.raises(DataError, match="descriptor format 'cls-poles8-v1'"):
         text_cache.open_embeddings(tmp_path, descriptor_format=LEGACY_FORMAT)
     with pytest.raises(ConfigError, match="descriptor_format: unknown descriptor format 'x-v0'"):
-        text_cache.embed_shards(tmp_path, encoder="fake", progress=False, descriptor_format="x-v0")
+        embed_shards(tmp_path, _FakeEncoder, "fake", progress=False, descriptor_format="x-v0")
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "descriptor_version": "retired-v0"}))
     with pytest.raises(DataError, match="'retired-v0'"):
         text_cache.open_embeddings(tmp_path)

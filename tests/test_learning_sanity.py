@@ -13,7 +13,9 @@ import torch
 from gsdistill.config import load_config
 from gsdistill.tuples.shards import read_pages, write_shards
 from gsdistill.tuples.synthetic import generate_pages
-from gsdistill.tuples.text_cache import embed_shards
+from gsdistill.models.text_encoder import DEFAULT_ENCODER, TextEncoder
+from gsdistill.tuples.embed_stage import embed_shards
+from gsdistill.tuples.text_cache import open_embeddings
 from gsdistill.views.multicrop import MultiCropViews, collate_pretrain
 from gsdistill.eval.head_retrieval import head_retrieval
 from gsdistill.pretrain.checkpoint import load_pretrained
@@ -34,8 +36,8 @@ ALIGN_ONLY = ["objective.distill=false", "objective.ibot=false", "objective.kole
 def pages(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sanity") / "shards"
     write_shards(generate_pages(PAGES, seed=3, width=256, height=320), folder, total=PAGES)
-    embed_shards(folder, progress=False)
-    return list(read_pages(folder))
+    embed_shards(folder, TextEncoder, DEFAULT_ENCODER, progress=False)
+    return list(read_pages(folder, embeddings=open_embeddings(folder, required=True)))
 
 
 def full_page_batch(pages: list[dict]) -> dict:

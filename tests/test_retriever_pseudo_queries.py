@@ -1,21 +1,15 @@
 """Pseudo-queries from the corpus alone (tools/retriever_pseudo_queries.py) and the training hook."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 from gsdistill.retriever.data import RetrievalData
 from retriever_fixtures import retriever_cfg, tiny_beir, tiny_encoder  # noqa: F401  (fixtures)
-
-ROOT = Path(__file__).resolve().parents[1]
+from tool_loader import load_tool as _load
 
 
 def load_tool():
-    spec = importlib.util.spec_from_file_location("pseudo", ROOT / "tools" / "retriever_pseudo_queries.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load("retriever_pseudo_queries.py")
 
 
 def corpus() -> RetrievalData:

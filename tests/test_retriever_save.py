@@ -1,5 +1,6 @@
 """Saved retrievers open in their ecosystem: a shared tower is a complete sentence-transformers
-model (same embeddings to 1e-6, Normalize module, max_seq_length), separate towers are two of them,
+model (same embeddings to 1e-6, Normalize module, max_seq_length), separate towers are two of them
+and their parent folder a sentence-transformers Router over both,
 and ``retriever eval --model`` never writes into the model folder."""
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ def test_separate_towers_are_two_sentence_transformers_models(tiny_encoder, tmp_
     assert torch.allclose(model.encode(queries, "query"), torch.from_numpy(q_st.encode(queries)), atol=1e-6)
     assert torch.allclose(model.encode(PASSAGES, "passage"), torch.from_numpy(p_st.encode(PASSAGES)), atol=1e-6)
     assert not torch.allclose(model.encode(queries, "query"), model.encode(queries, "passage"))
+    pair = _st()(str(out), device="cpu")  # the parent folder: a Router over the two towers, no weights copied
+    assert torch.allclose(model.encode(queries, "query"), torch.from_numpy(pair.encode_query(queries)), atol=1e-6)
+    assert torch.allclose(model.encode(PASSAGES, "passage"), torch.from_numpy(pair.encode_document(PASSAGES)),
+                          atol=1e-6)
+    assert not list(out.glob("*.safetensors"))
     back = DualEncoder.from_pretrained(out)
     assert torch.allclose(back.encode(queries, "query"), model.encode(queries, "query"), atol=1e-6)
     assert "query_encoder" in (out / "README.md").read_text()

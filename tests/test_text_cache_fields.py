@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gsdistill.tuples import text_cache
+from gsdistill.tuples.embed_stage import embed_shards
 from gsdistill.tuples.shards import read_pages, write_shards
 from gsdistill.tuples.synthetic import generate_pages
 
@@ -25,9 +26,7 @@ class _CountingEncoder:
 
 
 @pytest.fixture
-def shards(tmp_path, monkeypatch):
-    import gsdistill.models.text_encoder as te
-    monkeypatch.setattr(te, "TextEncoder", _CountingEncoder)
+def shards(tmp_path):
     _CountingEncoder.seen = []
     write_shards(generate_pages(3, seed=1, width=300, height=400), tmp_path)
     return tmp_path
@@ -40,20 +39,20 @@ def test_fields_for_each_objective():
 
 def test_multi_positive_cache_skips_whole_page_texts_and_a_full_cache_serves_it(shards):
     meta = shards / "embeddings" / "meta.json"
-    text_cache.embed_shards(shards, encoder="fake", progress=False, fields=text_cache.fields_for("multi"))
-    page = next(iter(read_pages(shards, decode_images=False)))
+    embed_shards(shards, _CountingEncoder, "fake", progress=False, fields=text_cache.fields_for("multi"))
+    page = next(iter(read_pages(shards, decode_images=False, embeddings=text_cache.open_embeddings(shards))))
     assert {"sem_emb", "geom_emb"} <= set(page) and not any(k.startswith("sp_") for k in page)
     texts = text_cache.page_texts(page)
     assert texts["sp_joint"] not in _CountingEncoder.seen and texts["sp_sem"] not in _CountingEncoder.seen
     assert json.loads(meta.read_text())["fields"] == ["sem", "geom"]
     # the single-positive rows need the whole-page texts: the partial cache is not current for them
-    text_cache.embed_shards(shards, encoder="fake", progress=False, fields=text_cache.fields_for("single"))
+    embed_shards(shards, _CountingEncoder, "fake", progress=False, fields=text_cache.fields_for("single"))
     assert texts["sp_joint"] in _CountingEncoder.seen
-    page = next(iter(read_pages(shards, decode_images=False)))
+    page = next(iter(read_pages(shards, decode_images=False, embeddings=text_cache.open_embeddings(shards))))
     assert {"sp_sem_emb", "sp_geom_emb", "sp_joint_emb"} <= set(page)
     # a full cache holds what the multi-positive objective reads: reused, nothing re-encoded
     stamp, count = meta.stat().st_mtime_ns, len(_CountingEncoder.seen)
-    text_cache.embed_shards(shards, encoder="fake", progress=False, fields=text_cache.fields_for("multi"))
+    embed_shards(shards, _CountingEncoder, "fake", progress=False, fields=text_cache.fields_for("multi"))
     assert meta.stat().st_mtime_ns == stamp and len(_CountingEncoder.seen) == count
 
 

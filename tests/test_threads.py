@@ -61,10 +61,20 @@ def test_every_stage_cli_applies_its_threads_setting(monkeypatch, module, argv, 
     import importlib
     calls = []
 
-    def fake(n, workers=0, ultralytics=False):
+    def fake(n, workers=0, ultralytics=False, torch_too=True):
         calls.append((n, workers))
         raise Applied()
     monkeypatch.setattr(threads, "apply_threads", fake)
     with pytest.raises(Applied):
         importlib.import_module(module).main([*argv, "threads=3"])
     assert calls == [(3, workers)]
+
+
+def test_apply_without_torch_sets_only_the_environment(monkeypatch):
+    """``tuples build`` needs no torch: applying its setting must not import it (serial start-up)."""
+    import subprocess
+    import sys
+    code = ("import sys, os; from gsdistill.threads import apply_threads; apply_threads(2, torch_too=False); "
+            "print('torch' in sys.modules, os.environ['OMP_NUM_THREADS'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "2"]

@@ -2,6 +2,8 @@
 
     python tools/bench_data.py                       # arXiv PDFs from ../shared/data when present
     python tools/bench_data.py --pdfs DIR --pages 60 --synthetic 60 --workers 2
+    python tools/bench_data.py --build-pages 1000 --build-only    # tuples build: 1 vs 2 workers, memory
+    python tools/bench_data.py --embed-pages 411 --embed-only     # tuples embed: today's vs new, memory
 
 Prints pages/s of (1) PDF -> page tuples (render at --dpi + layout), (2) synthetic page
 generation at the pretraining page size, (3) reading shards + MultiCropViews (the pretraining
@@ -10,11 +12,17 @@ default ``optim.batch_size`` (pages per step): the result is how many optimizer 
 that stage alone could feed. Then pages/s per reader for 1, 2 and 4 shard readers (DataLoader
 workers reading one shard set at once, split by shard) and the share of the bytes each opens. Embeddings are random stand-ins (the text cache is measured by
 ``gsdistill tuples embed``), so (3) is image decoding + crops + masks + collation only.
+``--build-pages N``: ``gsdistill tuples build`` on real PDFs with 1 and ``--build-workers`` workers
+(pages/s, pages per CPU-second, identical shards), then peak memory of 200 vs 2,000 pages.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -109,6 +117,52 @@ def bench_readers(shards: Path, readers: int) -> tuple[float, float]:
     return count / (time.perf_counter() - t0) / readers, max(opened) / sum(sizes)
 
 
+def build_command(src: Path, out: Path, pages: int, workers: int, pages_per_shard: int, dpi: int) -> list[str]:
+    return [sys.executable, "-m", "gsdistill.cli", "tuples", "build", "--from", "pdf", str(src), "--out", str(out),
+            "--max-pages", str(pages), "--workers", str(workers), "--pages-per-shard", str(pages_per_shard),
+            "--dpi", str(dpi), "build.progress=false"]
+
+
+def bench_build(cmd: list[str]) -> tuple[float, float, int, float]:
+    """(pages/s, peak resident MiB, pages, pages per CPU-second) of one ``gsdistill tuples build`` in
+    a child process. The time is the whole command (planning, workers starting, shards, manifest);
+    memory and CPU time are those of the build process and its workers, measured by a shim process
+    whose only children they are (``RUSAGE_CHILDREN``: the largest peak, the summed CPU time).
+    Pages per CPU-second is the rate per core, which other jobs on a shared machine do not lower."""
+    shim = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+            "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+            "r = resource.getrusage(resource.RUSAGE_CHILDREN); "
+            "print(time.perf_counter() - t, r.ru_maxrss, r.ru_utime + r.ru_stime)")
+    seconds, maxrss_kib, cpu = subprocess.run([sys.executable, "-c", shim, *cmd], check=True, capture_output=True,
+                                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1")).stdout.split()
+    out = Path(cmd[cmd.index("--out") + 1])
+    pages = json.loads((out / "manifest.json").read_text())["pages"]
+    return pages / float(seconds), int(maxrss_kib) / 1024, pages, pages / float(cpu)
+
+
+def build_section(args, tmp: Path) -> None:
+    """``tuples build`` on real PDFs: pages/s with 1 and ``--build-workers`` processes on the same
+    pages (identical output checked), then peak memory of a 1-process build of few and many pages."""
+    src = args.build_pdfs
+    rates = {}
+    for workers in (1, args.build_workers):
+        out = tmp / f"build-w{workers}"
+        rates[workers] = bench_build(build_command(src, out, args.build_pages, workers, args.build_pages_per_shard,
+                                                   args.dpi))
+    same = all((tmp / "build-w1" / f.name).read_bytes() == f.read_bytes()
+               for f in sorted((tmp / f"build-w{args.build_workers}").glob("shard-*.tar")))
+    print(f"\ntuples build --from pdf {src} ({rates[1][2]} pages, {args.build_pages_per_shard} per shard, "
+          f"{args.dpi} dpi; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores at the end)")
+    print(f"{'workers':<10}{'pages/s':>10}{'speed-up':>10}{'pages/CPU-s':>13}{'peak MiB':>10}")
+    for workers, (rate, mib, _, per_cpu) in rates.items():
+        print(f"{workers:<10}{rate:>10.1f}{rate / rates[1][0]:>10.2f}{per_cpu:>13.1f}{mib:>10.0f}")
+    print(f"shards identical for 1 and {args.build_workers} workers: {same}")
+    small, large = (bench_build(build_command(src, tmp / f"mem-{n}", n, 1, args.build_pages_per_shard, args.dpi))
+                    for n in args.build_memory)
+    print(f"peak resident memory, 1 worker: {small[2]} pages {small[1]:.0f} MiB, {large[2]} pages {large[1]:.0f} MiB "
+          f"(ratio {large[1] / small[1]:.2f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pdfs", type=Path, default=None, help="folder of PDFs (default: shared arXiv PDFs)")
@@ -118,7 +172,35 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batches", type=int, default=4, help="DataLoader batches timed after the first")
     ap.add_argument("--reader-pages", type=int, default=160, help="pages of the shard set the readers split")
+    ap.add_argument("--build-pdfs", type=Path, default=Path("/usr/share/doc/texlive-doc"),
+                    help="PDF folder for the tuples build section")
+    ap.add_argument("--build-pages", type=int, default=0, help="pages the build section times (0: no build section)")
+    ap.add_argument("--build-workers", type=int, default=2, help="workers timed against 1 in the build section")
+    ap.add_argument("--build-pages-per-shard", type=int, default=32, help="a unit of work: units >> workers")
+    ap.add_argument("--build-memory", type=int, nargs=2, default=(200, 2000), help="pages of the two memory builds")
+    ap.add_argument("--build-only", action="store_true", help="run only the build section")
+    ap.add_argument("--embed-pdfs", type=Path, default=Path("/usr/share/doc/texlive-doc"),
+                    help="PDF folder for the tuples embed section (tools/bench_embed.py)")
+    ap.add_argument("--embed-pages", type=int, default=0, help="pages the embed section times (0: no embed section)")
+    ap.add_argument("--embed-workers", type=int, nargs="+", default=[1, 2], help="encoder processes of the new path")
+    ap.add_argument("--embed-threads", type=int, default=2, help="torch threads in all (today's path: one process)")
+    ap.add_argument("--embed-precisions", nargs="+", default=["fp32", "bf16"], help="precisions of the new path")
+    ap.add_argument("--embed-memory", type=int, nargs="*", default=[200, 2000],
+                    help="pages of the embed memory runs (none: skip them)")
+    ap.add_argument("--embed-only", action="store_true", help="run only the embed section")
     args = ap.parse_args()
+    if args.build_pages:
+        with tempfile.TemporaryDirectory() as tmp:
+            build_section(args, Path(tmp))
+        if args.build_only:
+            return
+    if args.embed_pages or args.embed_only:
+        from bench_embed import report as embed_report  # tools/ is on sys.path when this file runs
+        with tempfile.TemporaryDirectory() as tmp:
+            embed_report(args.embed_pdfs, args.embed_pages, args.embed_memory, args.embed_workers,
+                         args.embed_precisions, args.embed_threads, Path(tmp))
+        if args.embed_only:
+            return
     cfg = load_config("pretrain")
     bs, w, h = int(cfg.optim.batch_size), int(cfg.data.page_width), int(cfg.data.page_height)
     with tempfile.TemporaryDirectory() as tmp:

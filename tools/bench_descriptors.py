@@ -182,7 +182,9 @@ def fit(fmt: str, n_train: int, n_heldout: int, steps: int, folder: Path) -> tup
     from gsdistill.config import load_config
     from gsdistill.tuples.shards import read_pages, write_shards
     from gsdistill.tuples.synthetic import generate_pages
-    from gsdistill.tuples.text_cache import embed_shards
+    from gsdistill.models.text_encoder import DEFAULT_ENCODER, TextEncoder
+    from gsdistill.tuples.embed_stage import embed_shards
+    from gsdistill.tuples.text_cache import open_embeddings
     from gsdistill.views.multicrop import MultiCropViews, collate_pretrain
     from gsdistill.eval.head_retrieval import head_retrieval
     from gsdistill.pretrain.checkpoint import load_pretrained
@@ -194,8 +196,8 @@ def fit(fmt: str, n_train: int, n_heldout: int, steps: int, folder: Path) -> tup
         shards = folder / f"{name}-{n}"
         if not (shards / "manifest.json").is_file():
             write_shards(generate_pages(n, seed=seed, width=256, height=320), shards)
-        embed_shards(shards, progress=False, descriptor_format=fmt)
-        sets[name] = list(read_pages(shards))
+        embed_shards(shards, TextEncoder, DEFAULT_ENCODER, progress=False, descriptor_format=fmt)
+        sets[name] = list(read_pages(shards, embeddings=open_embeddings(shards, required=True, descriptor_format=fmt)))
     views = MultiCropViews(global_size=64, n_global=1, n_local=0, global_scale=(1.0, 1.0), mask_prob=0.0,
                            color_jitter=0.0, blur_prob=0.0, seed=0)
     batch = collate_pretrain([views(p) for p in sets["train"]])

@@ -1,14 +1,23 @@
-"""Benchmark: one retriever training step of gsdistill vs sentence-transformers'
-MultipleNegativesRankingLoss (MNRL) on the same model, batch and data, measured side by side.
+"""Benchmark: the retriever training step a user waits for, with every loss of the NFCorpus table,
+against a sentence-transformers MultipleNegativesRankingLoss (MNRL) step, measured side by side.
 
-Both train all-MiniLM-L6-v2 (shared tower, mean pooling, scale 20 = temperature 0.05) on the
-same (query, positive, hard negative) triples of the BEIR dbpedia subset: gsdistill uses groups of
-G=2 with SingleLH over all in-batch passages, which is what MNRL computes. Both loops include
-tokenisation, forward, backward and a fused AdamW step; the two are interleaved step by step so
-load from other processes hits both alike. Also: corpus-encoding throughput of
-``DualEncoder.encode`` vs ``SentenceTransformer.encode``.
+``--mode table`` (default): the table's settings (configs/retriever/nfcorpus_base.yaml laid over
+each loss file, as tools/retriever_table.py does): all-MiniLM-L6-v2 query tower trained, passage
+tower frozen with its embeddings cached, batch 32 queries, each loss's own groups (G = 8, M = 4;
+SingleLH M = 1; MNRL G = 2). One gsdistill step = the table's engine step (tokenise, forward,
+loss, backward, clip, fused AdamW). The sentence-transformers step gets the same advantage: a
+``SentenceTransformer`` of the same encoder encodes the 32 queries through its own
+``preprocess`` + forward, ``MultipleNegativesRankingLoss.compute_loss_from_embeddings`` scores
+them against the same cached (positive, hard negative) embeddings, then backward, clip, fused
+AdamW. Steps alternate (gsdistill, ST, ST, gsdistill, ...) so load from other processes hits both
+alike; medians after one warm-up. Label weakening also pays, once per epoch, the scoring of every
+training group by the current model; it is printed per step of an epoch.
 
-    .venv/bin/python tools/bench_retriever.py [--batch 16] [--steps 6] [--max-length 128] [--docs 512]
+``--mode shared``: both towers (one shared MiniLM), batch 16 (query, positive, hard negative)
+triples at length 128: gsdistill SingleLH over G = 2 groups vs the complete sentence-transformers
+MNRL step (its tokenisation and forward of queries and passages).
+
+    .venv/bin/python tools/bench_retriever.py [--mode table|shared] [--steps 5] [--only LOSS ...]
 """
 from __future__ import annotations
 
@@ -20,94 +29,140 @@ from pathlib import Path
 
 import torch
 
-from gsdistill.config import load_config
 from gsdistill.models.text_encoder import default_encoder_path
-from gsdistill.retriever.beir import load_beir
-from gsdistill.retriever.groups import GroupSampler, TrainGroup
+from gsdistill.retriever.groups import GroupSampler
+from gsdistill.retriever.pipeline import load_split
 from gsdistill.retriever.train import RetrieverTrainer
 from gsdistill.threads import apply_threads
+from retriever_table import ROWS, row_config
 
 
-def triples(data, n: int) -> list[TrainGroup]:
-    groups = GroupSampler(data, group_size=2, max_positives=1, seed=0).epoch_groups(0)
-    return (groups * (n // len(groups) + 1))[:n]
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "beir_dbpedia_subset"))
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--docs", type=int, default=512)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a crowded machine)")
-    args = p.parse_args(argv)
-    apply_threads(args.threads)
+def st_parts(lr: float, max_length: int):
+    """A sentence-transformers model of the encoder, its MNRL (scale 20 = temperature 0.05), AdamW."""
     from sentence_transformers import SentenceTransformer
     try:  # the module moved in sentence-transformers 6
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     except ImportError:
         from sentence_transformers.losses import MultipleNegativesRankingLoss
-
-    torch.manual_seed(0)
-    data = load_beir(args.data)
-    cfg = load_config("retriever", None, [f"data.path={args.data}", "loss.name=single_lh", "groups.size=2",
-                                          "groups.max_positives=1", "model.temperature=0.05", "train.lr=1.0e-5",
-                                          f"model.query_max_length={args.max_length}",
-                                          f"model.passage_max_length={args.max_length}", "train.warmup_ratio=0"])
-    ours = RetrieverTrainer(cfg, data, "/tmp/bench_retriever_unused", progress=False)
-    ours.model.train()
-
-    st = SentenceTransformer(str(default_encoder_path()), device=str(ours.device))
-    st.max_seq_length = args.max_length
+    st = SentenceTransformer(str(default_encoder_path()), device="cpu")
+    st.max_seq_length = max_length
     st.train()
-    mnrl = MultipleNegativesRankingLoss(st, scale=20.0)
-    opt_st = torch.optim.AdamW(st.parameters(), lr=1e-5, weight_decay=0.01, fused=True)
+    opt = torch.optim.AdamW(st.parameters(), lr=lr, weight_decay=0.01, fused=True)
+    return st, MultipleNegativesRankingLoss(st, scale=20.0), opt
 
-    def step_ours(batch):  # one step of the shared loop's engine: forward + backward, then clip + AdamW
-        terms = ours.engine.forward({"micro": [batch], "loss_name": "single_lh", "weak": None})
-        ours.engine.backward_step(terms["total"], 1.0e-5)
 
-    def step_st(batch):
-        tokenize = getattr(st, "preprocess", st.tokenize)  # sentence-transformers >= 6 renamed it
-        q = tokenize([data.queries[g.qid] for g in batch])
-        pos = tokenize([data.doc_texts[g.doc_idx[0]] for g in batch])
-        neg = tokenize([data.doc_texts[g.doc_idx[1]] for g in batch])
-        feats = [{k: (v.to(st.device) if torch.is_tensor(v) else v) for k, v in f.items()} for f in (q, pos, neg)]
-        loss = mnrl(feats, None)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(st.parameters(), 1.0)
-        opt_st.step()
-        opt_st.zero_grad(set_to_none=True)
+def st_embed(st, texts: list[str]) -> torch.Tensor:
+    tokenize = getattr(st, "preprocess", st.tokenize)  # sentence-transformers >= 6 renamed it
+    feats = {k: (v.to(st.device) if torch.is_tensor(v) else v) for k, v in tokenize(texts).items()}
+    return st(feats)["sentence_embedding"]
 
-    batches = [triples(data, args.batch * (args.steps + 1))[i * args.batch:(i + 1) * args.batch]
-               for i in range(args.steps + 1)]
-    times = {"gsdistill": [], "st_mnrl": []}
+
+def st_update(st, opt, loss: torch.Tensor) -> None:
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(st.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def interleaved(fns: dict, batches: list) -> dict[str, float]:
+    """Median seconds per step of each ``fn(batch)``, order alternating per batch; batch 0 warms up."""
+    times = {k: [] for k in fns}
     for i, batch in enumerate(batches):
-        for name, fn in (("gsdistill", step_ours), ("st_mnrl", step_st)) if i % 2 == 0 else \
-                (("st_mnrl", step_st), ("gsdistill", step_ours)):
+        for name in (list(fns) if i % 2 == 0 else list(fns)[::-1]):
             t0 = time.perf_counter()
-            fn(batch)
-            if i > 0:  # step 0 is warm-up
+            fns[name](batch)
+            if i > 0:
                 times[name].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"device {ours.device}, threads {torch.get_num_threads()}, batch {args.batch} queries "
-          f"(+{2 * args.batch} passages), max_length {args.max_length}, {args.steps} timed steps each")
-    print(f"train step  gsdistill {med['gsdistill']:.3f} s   sentence-transformers MNRL {med['st_mnrl']:.3f} s   "
-          f"ratio {med['gsdistill'] / med['st_mnrl']:.3f}x  (goal <= 1.1x)")
+    return {k: statistics.median(v) for k, v in times.items()}
 
-    texts = data.doc_texts[:args.docs]
-    rates = {"gsdistill": [], "st": []}
-    for _ in range(2):
-        t0 = time.perf_counter()
-        ours.model.encode(texts, "passage", 64)
-        rates["gsdistill"].append(len(texts) / (time.perf_counter() - t0))
-        t0 = time.perf_counter()
-        st.encode(texts, batch_size=64, convert_to_tensor=True, normalize_embeddings=True)
-        rates["st"].append(len(texts) / (time.perf_counter() - t0))
-    best = {k: max(v) for k, v in rates.items()}
-    print(f"encode {len(texts)} passages  gsdistill {best['gsdistill']:.1f} docs/s   sentence-transformers "
-          f"{best['st']:.1f} docs/s   ratio {best['gsdistill'] / best['st']:.3f}x")
+
+def engine_step(trainer: RetrieverTrainer, loss_name: str, weak=None):
+    def step(groups):
+        terms = trainer.engine.forward({"micro": [groups], "loss_name": loss_name, "weak": weak})
+        trainer.engine.backward_step(terms["total"], float(trainer.cfg.train.lr))
+    return step
+
+
+def table_mode(args) -> None:
+    losses = {}  # one timing per distinct (loss, groups, in_batch): the noise rows share CE's step
+    for key, label, exp, extra in ROWS:
+        if exp is None or "max_train_queries" in " ".join(extra):
+            continue
+        cfg = row_config("nfcorpus_base", exp, [*extra, "noise.ratio=0", f"run.dir={args.tmp}"])
+        sig = (cfg.loss.name, cfg.groups.size, cfg.groups.max_positives, cfg.loss.in_batch, cfg.weakening.enabled)
+        if sig not in losses and (not args.only or cfg.loss.name in args.only):
+            losses[sig] = (label.replace(", 30% noise", ""), cfg)
+    base = row_config("nfcorpus_base", None, [f"run.dir={args.tmp}"])
+    train = load_split(base)[1]
+    emb_path = Path(args.corpus_emb)
+    emb = torch.load(emb_path, weights_only=True) if emb_path.is_file() else None
+    st, mnrl, opt = st_parts(float(base.train.lr), int(base.model.query_max_length))
+    bs, n = int(base.train.batch_size), args.steps + 1
+    print(f"table settings: batch {bs} queries, query tower trained, passage tower frozen (cached), "
+          f"threads {torch.get_num_threads()}, {args.steps} timed steps each after 1 warm-up")
+    print("| loss | gsdistill step | ST MNRL step | ratio (goal <= 1.1x) |\n| --- | --- | --- | --- |")
+    for label, cfg in losses.values():
+        trainer = RetrieverTrainer(cfg, train, args.tmp, passage_embeddings=emb, progress=False)
+        groups = trainer.sampler.epoch_groups(0)[:bs * n]
+        batches = [groups[i * bs:(i + 1) * bs] for i in range(n)]
+        trainer.cache.get(torch.tensor([i for g in groups for i in g.doc_idx]))  # filled before timing
+        weak, epoch_s = None, 0.0
+        if cfg.weakening.enabled:
+            t0 = time.perf_counter()
+            weak = trainer.weak_positive_sets(trainer.sampler.epoch_groups(0))
+            epoch_s = time.perf_counter() - t0
+        triples = GroupSampler(train, 2, 1, 0).epoch_groups(0)[:bs * n]  # MNRL's (query, positive, negative)
+        cache = trainer.cache
+
+        def st_step(i, triples=triples, cache=cache):
+            part = triples[i * bs:(i + 1) * bs]
+            q = st_embed(st, [train.queries[g.qid] for g in part])
+            pos, neg = (cache.get(torch.tensor([g.doc_idx[j] for g in part])) for j in (0, 1))
+            st_update(st, opt, mnrl.compute_loss_from_embeddings([q, pos, neg], None))
+
+        ours = engine_step(trainer, cfg.loss.name, weak)
+        med = interleaved({"ours": lambda i: ours(batches[i]), "st": st_step}, list(range(n)))
+        steps_per_epoch = -(-len(train.judged_queries()) // bs)
+        note = f" (+{epoch_s / steps_per_epoch:.3f} s/step: groups re-scored each epoch)" if epoch_s else ""
+        print(f"| {label} | {med['ours']:.3f} s{note} | {med['st']:.3f} s | {med['ours'] / med['st']:.2f}x |",
+              flush=True)
+
+
+def shared_mode(args) -> None:
+    base = row_config("nfcorpus_base", None, [f"run.dir={args.tmp}", "loss.name=single_lh", "groups.size=2",
+                                              "groups.max_positives=1", "model.shared=true",
+                                              "model.freeze_passage=false", "model.query_max_length=128"])
+    train = load_split(base)[1]
+    bs, n = 16, args.steps + 1
+    trainer = RetrieverTrainer(base, train, args.tmp, progress=False)
+    groups = trainer.sampler.epoch_groups(0)[:bs * n]
+    st, mnrl, opt = st_parts(float(base.train.lr), 128)
+
+    def st_step(part):
+        embs = [st_embed(st, texts) for texts in ([train.queries[g.qid] for g in part],
+                                                  [train.doc_texts[g.doc_idx[0]] for g in part],
+                                                  [train.doc_texts[g.doc_idx[1]] for g in part])]
+        st_update(st, opt, mnrl.compute_loss_from_embeddings(embs, None))
+
+    med = interleaved({"ours": engine_step(trainer, "single_lh"), "st": st_step},
+                      [groups[i * bs:(i + 1) * bs] for i in range(n)])
+    print(f"shared tower, batch {bs} triples, length 128: gsdistill {med['ours']:.3f} s, sentence-transformers "
+          f"MNRL {med['st']:.3f} s, ratio {med['ours'] / med['st']:.2f}x (goal <= 1.1x)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["table", "shared"], default="table")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--only", nargs="*", default=None, help="loss names to time (table mode)")
+    p.add_argument("--corpus-emb", default="runs/retriever_nfcorpus/corpus_emb.pt",
+                   help="the table's cached passage embeddings (else the timed batches' passages are encoded first)")
+    p.add_argument("--tmp", default="/tmp/bench_retriever_unused")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a crowded machine)")
+    args = p.parse_args(argv)
+    apply_threads(args.threads)
+    torch.manual_seed(0)
+    (table_mode if args.mode == "table" else shared_mode)(args)
     return 0
 
 

@@ -30,11 +30,12 @@ RECIPE = ["model.geom_pool_grid=3", "model.sem_pool_grid=3", "objective.geom_tar
 def build_pages(folder: Path, n: int, seed: int) -> None:
     from gsdistill.tuples.shard_writer import write_shards
     from gsdistill.tuples.synthetic import generate_pages
-    from gsdistill.tuples.text_cache import embed_shards
+    from gsdistill.models.text_encoder import DEFAULT_ENCODER, TextEncoder
+    from gsdistill.tuples.embed_stage import embed_shards
     if not (folder / "manifest.json").is_file():
         write_shards(generate_pages(n, seed=seed, width=512, height=640, text_scale=2.0), folder, total=n,
                      progress=False)
-    embed_shards(folder, progress=False)
+    embed_shards(folder, TextEncoder, DEFAULT_ENCODER, progress=False)
 
 
 def run_variant(variant: str, data: Path, steps: int, size: int, out: Path) -> dict:
@@ -44,6 +45,7 @@ def run_variant(variant: str, data: Path, steps: int, size: int, out: Path) -> d
     from gsdistill.pretrain.checkpoint import load_pretrained
     from gsdistill.pretrain.run import run_pretraining
     from gsdistill.tuples.shards import read_pages
+    from gsdistill.tuples.text_cache import open_embeddings
 
     torch.set_num_threads(1)
     overrides = RECIPE + [f"data.shards={data}", f"optim.steps={steps}", f"optim.warmup_steps={max(1, steps // 20)}",
@@ -57,7 +59,7 @@ def run_variant(variant: str, data: Path, steps: int, size: int, out: Path) -> d
     run = run_pretraining(cfg, out / variant.replace(":", "_").replace("=", "-"))
     wall = time.perf_counter() - t
     model = load_pretrained(run)
-    pages = list(read_pages(data))
+    pages = list(read_pages(data, embeddings=open_embeddings(data, required=True)))
     geom = head_retrieval(model, pages, "geom", size)
     sem = head_retrieval(model, pages, "sem", size, k=1)
     return {"variant": variant, "steps": steps, "pages": len(pages), "view_px": size, "train_s": round(wall, 1),

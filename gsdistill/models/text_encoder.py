@@ -39,15 +39,64 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
 
 
+def padded(rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Token-id rows right-padded to the longest: ``input_ids`` and ``attention_mask`` ``[B, T]``."""
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, :len(r)] = 1
+    return {"input_ids": input_ids, "attention_mask": mask}
+
+
+PRECISIONS = ("fp32", "bf16")
+TOKENS_PER_TEXT = 64  # a batch holds at most batch_size texts and batch_size * 64 tokens
+
+
+def token_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices of ``lengths`` sorted ascending, cut into batches of at most ``batch_size`` texts and
+    ``batch_size * TOKENS_PER_TEXT`` padded tokens: a batch of long texts holds fewer of them, so the
+    largest activation, and the process's peak memory, is set by ``batch_size``, not by the longest
+    texts a corpus happens to contain."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    budget, batches, start = batch_size * TOKENS_PER_TEXT, [], 0
+    while start < len(order):
+        stop = start + 1
+        while stop < len(order) and stop - start < batch_size and (stop - start + 1) * lengths[order[stop]] <= budget:
+            stop += 1
+        batches.append(order[start:stop])
+        start = stop
+    return batches
+
+
+def native_bf16(device: torch.device) -> bool:
+    """The device multiplies bf16 matrices in hardware (a CUDA GPU that supports it; a CPU with
+    AVX512-BF16 or AMX); elsewhere bf16 is emulated and slower than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 class TextEncoder:
-    """Frozen encoder: ``encode(texts) -> float32 [N, D]`` (L2-normalised by default)."""
+    """Frozen encoder: ``encode(texts) -> float32 [N, D]`` (L2-normalised by default).
+
+    ``precision="bf16"`` runs the matrix products in bfloat16 (torch autocast; layer norms, softmax
+    and pooling stay float32): ~2.9x less CPU time on a CPU with native bf16, at cosine >= 0.9999 to
+    the fp32 vectors on every text of 411 real pages (docs/data.md, "Embedding")."""
 
     def __init__(self, name_or_path: str | None = None, device: str | torch.device = "cpu",
-                 max_length: int = 256, normalize: bool = True):
+                 max_length: int = 256, normalize: bool = True, precision: str = "fp32"):
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # a weight-loading bar per encoder load is noise in every log
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        self.device, self.precision = torch.device(device), precision
+        if precision == "bf16" and not native_bf16(self.device):
+            raise ValueError(f"precision=bf16: {self.device} has no native bf16 matrix products (a CPU with "
+                             "AVX512-BF16 or AMX, or a GPU with bf16); it would run slower than fp32")
 
         self.name = name_or_path or DEFAULT_ENCODER
         path = resolve_encoder(name_or_path)
@@ -57,26 +106,33 @@ class TextEncoder:
         except OSError as e:
             raise RuntimeError(f"text encoder '{self.name}' not found locally ({path}): {e}") from None
         self.model.requires_grad_(False)
-        self.device = torch.device(device)
         self.max_length = max_length
         self.normalize = normalize
         self.dim = int(self.model.config.hidden_size)
 
     @torch.no_grad()
     def encode(self, texts: list[str], batch_size: int = 64) -> torch.Tensor:
+        """``float32 [N, D]`` in the order of ``texts``. Texts are tokenized once; texts whose
+        (truncated) token ids are equal are encoded once (a page's spans + descriptors text often
+        truncates to its spans text; case and spacing variants tokenize alike); the distinct ones are
+        sorted by token count and encoded in :func:`token_batches`, so a batch pads to nearly its own
+        length (sorting by characters padded ~28 % more tokens on real pages)."""
         if not texts:
             return torch.zeros(0, self.dim)
+        ids = self.tokenizer([t or " " for t in texts], truncation=True, max_length=self.max_length)["input_ids"]
+        row_of: dict[tuple[int, ...], int] = {}
+        rows = [row_of.setdefault(tuple(x), len(row_of)) for x in ids]
+        distinct = list(row_of)
+        batches = token_batches([len(x) for x in distinct], batch_size)
         out = []
-        # sort by length so padding is small; restore the order at the end
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        for start in range(0, len(texts), batch_size):
-            idx = order[start:start + batch_size]
-            batch = self.tokenizer([texts[i] or " " for i in idx], padding=True, truncation=True,
-                                   max_length=self.max_length, return_tensors="pt").to(self.device)
-            hidden = self.model(**batch).last_hidden_state
-            emb = mean_pool(hidden, batch["attention_mask"]).float()
-            out.append(F.normalize(emb, dim=-1) if self.normalize else emb)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            for idx in batches:
+                batch = padded([distinct[i] for i in idx], self.tokenizer.pad_token_id)
+                batch = {k: v.to(self.device) for k, v in batch.items()}
+                hidden = self.model(**batch).last_hidden_state.float()
+                emb = mean_pool(hidden, batch["attention_mask"])
+                out.append(F.normalize(emb, dim=-1) if self.normalize else emb)
         emb = torch.cat(out).cpu()
         result = torch.empty_like(emb)
-        result[torch.tensor(order)] = emb
-        return result
+        result[torch.tensor([i for idx in batches for i in idx])] = emb
+        return result[torch.tensor(rows)]

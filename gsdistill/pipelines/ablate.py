@@ -89,13 +89,15 @@ def retrieval_pages(cfg) -> tuple[list[dict] | None, Path | None]:
 def geometric_pages(cfg, out_dir: Path, descriptor_format: str) -> list[dict]:
     """Held-out pages with cached descriptor embeddings in ``descriptor_format`` (built once per format)."""
     from gsdistill.tuples.shards import read_pages, write_shards
-    from gsdistill.tuples.text_cache import embed_shards
+    from gsdistill.models.text_encoder import DEFAULT_ENCODER, TextEncoder
+    from gsdistill.tuples.embed_stage import embed_shards
+    from gsdistill.tuples.text_cache import open_embeddings
     folder = Path(cfg.held_out.pages) if cfg.held_out.pages else out_dir / "retrieval_data"
     if not cfg.held_out.pages and not (folder / "manifest.json").is_file():
         from gsdistill.tuples.synthetic import generate_pages
         write_shards(generate_pages(int(cfg.held_out.synthetic_pages), seed=int(cfg.held_out.synthetic_seed)), folder)
-    embed_shards(folder, descriptor_format=descriptor_format, progress=False)
-    return list(read_pages(folder))
+    embed_shards(folder, TextEncoder, DEFAULT_ENCODER, descriptor_format=descriptor_format, progress=False)
+    return list(read_pages(folder, embeddings=open_embeddings(folder, required=True, descriptor_format=descriptor_format)))
 
 
 def random_reference(cfg, seed: int, out_dir: Path):

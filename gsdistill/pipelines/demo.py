@@ -121,6 +121,7 @@ def human_labels(cfg, det: dict, out: Path) -> dict | None:
 def retrieval(cfg, run_dir: Path, control_dir: Path | None, train_dir: Path, eval_dir: Path) -> dict:
     """Both heads, three models, training and held-out pages (``gsdistill.pipelines.demo_learning``)."""
     from gsdistill.tuples.shards import read_pages
+    from gsdistill.tuples.text_cache import open_embeddings
     from gsdistill.pipelines.demo_learning import measure, teacher_logit_spread, untrained_model
     from gsdistill.pretrain.checkpoint import load_pretrained
 
@@ -128,8 +129,9 @@ def retrieval(cfg, run_dir: Path, control_dir: Path | None, train_dir: Path, eva
     if control_dir is not None:
         models[CONTROL] = load_pretrained(control_dir)
     models[UNTRAINED] = untrained_model(run_dir, int(cfg.seed) + 1)
-    splits = {"held-out": list(read_pages(eval_dir)),
-              "training": list(itertools.islice(read_pages(train_dir), int(cfg.data.retrieval_train_pages)))}
+    splits = {"held-out": list(read_pages(eval_dir, embeddings=open_embeddings(eval_dir, required=True))),
+              "training": list(itertools.islice(read_pages(train_dir, embeddings=open_embeddings(train_dir, required=True)),
+                                                int(cfg.data.retrieval_train_pages)))}
     size = int(load_config("pretrain", run_dir / "config.yaml").views.global_size)
     rows = measure(models, splits, size, seed=int(cfg.seed))
     docs = {s: [str(p.get("doc_id") or p["id"]) for p in pages] for s, pages in splits.items()}
@@ -139,7 +141,9 @@ def retrieval(cfg, run_dir: Path, control_dir: Path | None, train_dir: Path, eva
 
 def run_demo(cfg) -> Path:
     """Run every stage; return the report path. Each stage's output stays in ``out_dir``."""
-    from gsdistill.tuples.text_cache import embed_shards, fields_for
+    from gsdistill.models.text_encoder import TextEncoder
+    from gsdistill.tuples.embed_stage import embed_shards
+    from gsdistill.tuples.text_cache import fields_for
     from gsdistill.pipelines.demo_report import write_demo_report
 
     out = Path(cfg.out_dir)
@@ -155,7 +159,8 @@ def run_demo(cfg) -> Path:
         elif stage == "embed":  # in the descriptor format pretraining uses (its cache key)
             pcfg = pretrain_config(cfg, train_dir)
             for d in (train_dir, eval_dir):
-                embed_shards(d, descriptor_format=pcfg.data.descriptor_format, fields=fields_for(pcfg.objective.positives))
+                embed_shards(d, TextEncoder, str(pcfg.model.text_encoder), descriptor_format=pcfg.data.descriptor_format,
+                             fields=fields_for(pcfg.objective.positives))
         elif stage == "pretrain":
             run_dir = pretrain(cfg, train_dir, out)
         elif stage == "control":

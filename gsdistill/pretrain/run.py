@@ -98,14 +98,17 @@ def prepare_synthetic(cfg, out_dir: Path) -> Path:
 
 def embed_cached(cfg, shard_dir: Path) -> Path:
     """Shard dir with the frozen text encoder's embeddings of every span and box descriptor."""
-    from gsdistill.tuples.text_cache import embed_shards, fields_for
+    from gsdistill.models.text_encoder import TextEncoder
+    from gsdistill.tuples.embed_stage import embed_shards
+    from gsdistill.tuples.text_cache import fields_for
 
     if not (Path(shard_dir) / "manifest.json").is_file():
         raise MissingFileError(f"data.shards={shard_dir}: no manifest.json; build shards with 'gsdistill tuples'")
-    return Path(embed_shards(shard_dir, encoder=str(cfg["model"]["text_encoder"]),
-                             batch_size=int(cfg["data"]["embed_batch_size"]),
-                             descriptor_format=str(cfg["data"]["descriptor_format"]),
-                             fields=fields_for(str(cfg["objective"]["positives"]))))
+    # only the fields the objective reads: the whole-page texts are added when a single-positive run asks
+    embed_shards(shard_dir, TextEncoder, str(cfg["model"]["text_encoder"]),
+                 batch_size=int(cfg["data"]["embed_batch_size"]), descriptor_format=str(cfg["data"]["descriptor_format"]),
+                 fields=fields_for(str(cfg["objective"]["positives"])))
+    return Path(shard_dir)
 
 
 def export_backbone(model_state: dict[str, torch.Tensor], cfg, out_dir: Path, source: str = "") -> Path:

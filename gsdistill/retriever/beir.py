@@ -1,5 +1,9 @@
 """BEIR layout: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv`` (graded scores).
 
+A split is a name (``train``, ``dev``, ``test`` -> ``qrels/<split>.tsv``) or a ``.tsv`` path
+relative to the folder (e.g. NFCorpus's ``extras/train_graded_orig.tsv``, train with its original
+grades), so training, selection and test judgements all come from one folder.
+
 The qrels file may or may not start with a header line; a header is recognised by its column names
 (``query-id corpus-id score``, ``qid docid rel``, ...), never by a grade that fails to parse, so a
 malformed first judgement is an error, not a skipped header. It may have 3 columns (BEIR) or 4
@@ -55,8 +59,14 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, float]]:
     return qrels
 
 
+def qrels_path(folder: Path, split: str) -> Path:
+    """``qrels/<split>.tsv``, or ``<folder>/<split>`` when the split is itself a ``.tsv`` path."""
+    split = str(split)
+    return folder / split if split.endswith(".tsv") else folder / "qrels" / f"{split}.tsv"
+
+
 def load_beir(folder: str | Path, split: str = "test") -> RetrievalData:
-    """Read a BEIR data set folder; ``split`` names ``qrels/<split>.tsv``."""
+    """Read a BEIR data set folder; ``split`` names ``qrels/<split>.tsv`` or a ``.tsv`` in the folder."""
     folder = Path(folder)
     for name in ("corpus.jsonl", "queries.jsonl"):
         if not (folder / name).is_file():
@@ -70,7 +80,7 @@ def load_beir(folder: str | Path, split: str = "test") -> RetrievalData:
     for n, obj in read_jsonl(folder / "queries.jsonl"):
         where = f"{folder / 'queries.jsonl'}:{n}"
         queries[str(require(obj, "_id", where))] = str(require(obj, "text", where))
-    raw = read_qrels(folder / "qrels" / f"{split}.tsv")
+    raw = read_qrels(qrels_path(folder, split))
     doc_set, skipped, qrels = set(doc_ids), Counter(), {}
     for qid, grades in raw.items():
         if qid not in queries:

@@ -31,6 +31,12 @@ def retrieve(model: DualEncoder, data: RetrievalData, qids: list[str], doc_emb: 
     if not qids:
         return {}
     q_emb = model.encode([data.queries[q] for q in qids], "query", batch_size)
+    return run_from_embeddings(data, qids, q_emb, doc_emb, k, use_faiss)
+
+
+def run_from_embeddings(data: RetrievalData, qids: list[str], q_emb: torch.Tensor, doc_emb: torch.Tensor,
+                        k: int = 1000, use_faiss: bool | None = None) -> dict[str, dict[str, float]]:
+    """The run of query embeddings ``[len(qids), D]`` against the corpus embeddings (any encoder)."""
     scores, ids = search(q_emb, doc_emb.to(q_emb.dtype), k, use_faiss=use_faiss)
     return {q: {data.doc_ids[i]: float(s) for s, i in zip(row_s.tolist(), row_i.tolist())}
             for q, row_s, row_i in zip(qids, scores, ids)}

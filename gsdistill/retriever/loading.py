@@ -1,4 +1,4 @@
-"""Pick a reader by format name and split judged queries into folds by a fixed seed."""
+"""Pick a reader by format name, split judged queries into folds by a fixed seed, or draw a few."""
 from __future__ import annotations
 
 import random
@@ -42,3 +42,11 @@ def train_test_queries(data: RetrievalData, n_folds: int, fold: int, seed: int) 
         raise ValueError(f"fold must be in [0, {n_folds - 1}], got {fold}")
     train = sorted(q for i, f in enumerate(folds) if i != fold for q in f)
     return train, sorted(folds[fold])
+
+
+def limit_queries(data: RetrievalData, n: int, seed: int) -> RetrievalData:
+    """``n`` judged queries of ``data`` drawn with ``seed`` (all of them when ``n`` is 0 or too large)."""
+    judged = sorted(data.judged_queries())
+    if n <= 0 or n >= len(judged):
+        return data
+    return data.subset(sorted(random.Random(seed).sample(judged, n)))

@@ -139,7 +139,7 @@ class DualEncoder(nn.Module):
 
     def save_pretrained(self, out_dir: str | Path, card: dict | None = None) -> Path:
         """Write the saved layout (module doc); ``card`` adds data / loss / metrics to README.md."""
-        from gsdistill.retriever.st_format import write_sentence_transformer
+        from gsdistill.retriever.st_format import write_query_document_router, write_sentence_transformer
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -151,6 +151,7 @@ class DualEncoder(nn.Module):
                                        self.normalize, self.query_max_length)
             write_sentence_transformer(out / "passage_encoder", self.passage_encoder, self.tokenizer, self.pooling,
                                        self.normalize, self.passage_max_length)
+            write_query_document_router(out, "query_encoder", "passage_encoder", self.normalize)
         (out / CONFIG_NAME).write_text(json.dumps(self.settings(), indent=2))
         (out / "README.md").write_text(model_card(self.settings(), card or {}))
         return out
@@ -202,7 +203,9 @@ def model_card(settings: dict, card: dict) -> str:
     if settings["shared"]:
         lines += ["model = SentenceTransformer(path)  # one tower for queries and passages"]
     else:
-        lines += ["query_model = SentenceTransformer(path + '/query_encoder')  # encode queries",
-                  "passage_model = SentenceTransformer(path + '/passage_encoder')  # encode passages"]
+        lines += ["model = SentenceTransformer(path)  # sentence-transformers >= 5: a Router over both towers",
+                  "q = model.encode_query(queries)  # query tower",
+                  "d = model.encode_document(passages)  # passage tower (also plain model.encode)",
+                  "# any version: SentenceTransformer(path + '/query_encoder'), SentenceTransformer(path + '/passage_encoder')"]
     lines += ["```", ""]
     return "\n".join(lines)

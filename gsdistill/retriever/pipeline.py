@@ -23,9 +23,10 @@ from gsdistill.losses.gather import is_distributed
 from gsdistill.pretrain.distributed import rank_and_world
 from gsdistill.retriever.data import RetrievalData
 from gsdistill.retriever.evaluate import encode_corpus, evaluate_retriever
-from gsdistill.retriever.loading import load_retrieval_data, train_test_queries
+from gsdistill.retriever.loading import limit_queries, load_retrieval_data, train_test_queries
 from gsdistill.retriever.mining import cached_negatives, check_method, mine_negatives, mining_key
 from gsdistill.retriever.noise import inject_label_noise
+from gsdistill.retriever.selection import EpochSelector
 from gsdistill.retriever.train import RetrieverTrainer, build_model, init_distributed
 
 
@@ -46,9 +47,21 @@ def make_run_dir(cfg: DictConfig) -> Path:
 
 
 def load_split(cfg: DictConfig) -> tuple[RetrievalData, RetrievalData, RetrievalData | None]:
-    """(data as loaded, train data, eval data or None) from ``data.*``."""
+    """(data as loaded, train data, eval data or None) from ``data.*``: the eval data is
+    ``data.eval_split`` (of ``data.eval_path`` or ``data.path``), else ``data.eval_path``, else the
+    held-out fold; None when none is named (train only)."""
     d = cfg.data
     data = load_retrieval_data(d.format, d.path, d.corpus, d.split)
+    if d.eval_split or d.dev_split:
+        if d.format != "beir":
+            raise ValueError("data.eval_split / data.dev_split name BEIR qrels splits; data.format is "
+                             f"{d.format!r} (use data.eval_path)")
+        if d.folds and d.folds >= 2:
+            raise ValueError("data.folds splits one qrels file into folds; with data.eval_split / data.dev_split "
+                             "set data.folds=0 (the splits already hold disjoint queries)")
+    if d.eval_split:
+        evaluated = load_retrieval_data(d.format, d.eval_path or d.path, d.corpus, d.eval_split)
+        return data, data, require_disjoint(data, evaluated, "data.split", "data.eval_split")
     if d.eval_path:
         return data, data, load_retrieval_data(d.format, d.eval_path, d.corpus, d.split)
     if d.folds and d.folds >= 2:
@@ -57,9 +70,25 @@ def load_split(cfg: DictConfig) -> tuple[RetrievalData, RetrievalData, Retrieval
     return data, data, None
 
 
-def split_data(cfg: DictConfig) -> tuple[RetrievalData, RetrievalData | None]:
-    """(train data, eval data or None) from ``data.*``."""
-    return load_split(cfg)[1:]
+def load_dev(cfg: DictConfig, train: RetrievalData, evaluated: RetrievalData | None) -> RetrievalData | None:
+    """``data.dev_split`` of ``data.path`` (selection data), or None; its queries must be neither
+    trained on nor reported."""
+    d = cfg.data
+    if not d.dev_split:
+        return None
+    dev = load_retrieval_data(d.format, d.path, d.corpus, d.dev_split)
+    require_disjoint(train, dev, "data.split", "data.dev_split")
+    return dev if evaluated is None else require_disjoint(evaluated, dev, "data.eval_split", "data.dev_split")
+
+
+def require_disjoint(a: RetrievalData, b: RetrievalData, name_a: str, name_b: str) -> RetrievalData:
+    """``b``, after checking that no judged query is in both (a split evaluated on its own training
+    queries, or selected on its test queries, would report a leak as a result)."""
+    shared = set(a.judged_queries()) & set(b.judged_queries())
+    if shared:
+        raise ValueError(f"{name_a} and {name_b} share {len(shared)} judged queries (e.g. {sorted(shared)[0]}); "
+                         "train, dev and test splits must hold different queries")
+    return b
 
 
 def report_data(parts: dict[str, RetrievalData | None], out_dir: Path, quiet: bool = False) -> dict:
@@ -139,12 +168,20 @@ def train_and_evaluate(cfg: DictConfig, run_dir: str | Path | None = None,
     init_distributed(cfg.train.device)  # sets this rank's device; joins only under torchrun (WORLD_SIZE > 1)
     run_dir = Path(run_dir) if run_dir is not None else make_run_dir(cfg)
     loaded, train_data, eval_data = load_split(cfg)
+    dev_data = load_dev(cfg, train_data, eval_data)
+    train_data = limit_queries(train_data, cfg.data.max_train_queries, cfg.data.fold_seed)
     if augment_train is not None:
         train_data = augment_train(train_data)
-    report_data({"loaded": loaded, "train": train_data, "eval": eval_data}, run_dir, quiet=not progress)
+    report_data({"loaded": loaded, "train": train_data, "dev": dev_data, "eval": eval_data}, run_dir,
+                quiet=not progress)
     model = build_model(cfg)
     if cfg.model.freeze_passage and passage_embeddings is None:
         passage_embeddings = encode_corpus(model, train_data, cfg.eval.batch_size, progress)
+    selector = None
+    if dev_data is not None:
+        selector = EpochSelector(dev_data, passage_embeddings if cfg.model.freeze_passage else None,
+                                 k=cfg.eval.k, batch_size=cfg.eval.batch_size,
+                                 min_relevance=cfg.eval.min_relevance, progress=progress)
     qrels, noise_stats = train_data.qrels, None
     if cfg.noise.ratio > 0:
         doc_emb = None
@@ -157,10 +194,12 @@ def train_and_evaluate(cfg: DictConfig, run_dir: str | Path | None = None,
     mined, mining_info, remine = mine_for_run(cfg, train_data, qrels, model, passage_embeddings, progress)
     trainer = RetrieverTrainer(cfg, train_data, run_dir, qrels=qrels, model=model,
                                passage_embeddings=passage_embeddings, progress=progress,
-                               mined_negatives=mined, remine=remine)
+                               mined_negatives=mined, remine=remine, on_epoch_end=selector)
     start = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.train.interpolate < 1 else None
     t0 = time.perf_counter()
     trainer.fit()
+    if selector is not None:
+        selector.restore(trainer.model)
     if start is not None:
         interpolate_weights(trainer.model, start, cfg.train.interpolate)
     train_seconds = time.perf_counter() - t0
@@ -169,6 +208,9 @@ def train_and_evaluate(cfg: DictConfig, run_dir: str | Path | None = None,
     result = None
     if eval_data is not None:
         doc_emb = passage_embeddings if cfg.model.freeze_passage else None
+        if doc_emb is None and selector is not None and selector.best_epoch == len(selector.scores) - 1 \
+                and cfg.train.interpolate == 1:  # the kept weights already encoded the corpus for dev
+            doc_emb = selector.last_doc_emb
         result = evaluate_retriever(trainer.model, eval_data, k=cfg.eval.k, measures=list(cfg.eval.measures),
                                     doc_emb=doc_emb, batch_size=cfg.eval.batch_size, use_faiss=cfg.eval.use_faiss,
                                     out_dir=run_dir / "eval", tag=run_dir.name, progress=progress,
@@ -177,7 +219,7 @@ def train_and_evaluate(cfg: DictConfig, run_dir: str | Path | None = None,
     losses = [r["loss"] for r in trainer.history]
     summary = {"run_dir": str(run_dir), "model_dir": str(model_dir) if model_dir else None,
                "train_queries": len(trainer.sampler.qids),
-               "eval": result, "noise": noise_stats, "negatives": mining_info, "train_seconds": train_seconds,
+               "eval": result, "selection": selector.summary() if selector else None, "noise": noise_stats, "negatives": mining_info, "train_seconds": train_seconds,
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

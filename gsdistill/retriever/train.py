@@ -78,8 +78,12 @@ class RetrieverTrainer:
     def __init__(self, cfg: DictConfig, data: RetrievalData, run_dir: str | Path,
                  qrels: dict[str, dict[str, int]] | None = None, model: DualEncoder | None = None,
                  passage_embeddings: torch.Tensor | None = None, progress: bool = True,
-                 mined_negatives: dict[str, list[int]] | None = None, remine=None):
+                 mined_negatives: dict[str, list[int]] | None = None, remine=None, on_epoch_end=None):
         self.cfg, self.data, self.run_dir, self.progress = cfg, data, Path(run_dir), progress
+        self.on_epoch_end = on_epoch_end  # on_epoch_end(epoch, model) after every epoch (dev selection)
+        if on_epoch_end is not None and (cfg.train.resume or cfg.train.stop_after is not None):
+            raise ValueError("selection after every epoch (data.dev_split) keeps the best weights in memory; "
+                             "it cannot be combined with train.resume or train.stop_after")
         self.rank, self.world = rank_and_world()
         if cfg.train.amp not in ("auto", "bf16", "fp16", "off"):
             raise ValueError(f"train.amp must be auto, bf16, fp16 or off, got {cfg.train.amp!r}")
@@ -157,6 +161,8 @@ class RetrieverTrainer:
             save_config(self.cfg, self.run_dir)
         self.model.train()
         self.loop.fit()
+        if self.on_epoch_end is not None:  # the last epoch ends with the loop
+            self.on_epoch_end(len(self.epoch_plan()) - 1, self.model)
         self.history = [{**row, "loss": row["total"]} for row in self.loop.history]
         return self.model
 

@@ -203,6 +203,8 @@ class StepStream:
     def __next__(self) -> dict:
         epoch, k = self.position["epoch"], self.position["batch"]
         if k >= self.steps_per_epoch:
+            if self.t.on_epoch_end is not None:  # e.g. dev selection, before the next epoch's first step
+                self.t.on_epoch_end(epoch, self.t.model)
             epoch, k = epoch + 1, 0
         if epoch >= len(self.plan):
             raise StopIteration

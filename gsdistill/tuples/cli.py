@@ -2,13 +2,15 @@
 
     gsdistill tuples build --from {pdf,images,coco,docbank,synthetic} INPUT --out DIR
                            [--config FILE] [--dpi N] [--pages-per-shard N] [--max-pages N]
-                           [--limit N] [--no-ocr] [--image-format png|jpg] [key=value ...]
-    gsdistill tuples embed SHARD_DIR [--encoder NAME] [--batch-size N] [--force] [key=value ...]
+                           [--limit N] [--no-ocr] [--image-format png|jpg] [--workers N]
+                           [--engine local|ray] [--ray-address ADDR] [key=value ...]
+    gsdistill tuples embed SHARD_DIR [--encoder NAME] [--batch-size N] [--workers N] [--force] [key=value ...]
     gsdistill tuples info SHARD_DIR
 
 Settings come from ``configs/tuples/default.yaml`` <- ``--config`` <- ``key=value`` <- flags.
 The resolved config is saved as ``DIR/config.yaml``; skipped inputs go to the manifest and
-``DIR/skipped.csv``.
+``DIR/skipped.csv``. ``build`` started again with the same command resumes: finished shards are
+verified and kept (``gsdistill.tuples.build``).
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from gsdistill.tuples.errors import DataError
 # flag -> config key it sets
 _FLAG_KEYS = {"dpi": "pdf.dpi", "pages_per_shard": "build.pages_per_shard", "max_pages": "build.max_pages",
               "limit": "build.limit", "image_format": "build.image_format", "encoder": "embed.encoder",
-              "batch_size": "embed.batch_size"}
+              "batch_size": "embed.batch_size", "workers": "build.workers", "engine": "build.engine",
+              "ray_address": "build.ray_address", "embed_workers": "embed.workers"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,12 +44,17 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=int, help="use only the first N input files")
     b.add_argument("--image-format", choices=["png", "jpg"])
     b.add_argument("--no-ocr", action="store_true", help="never run Tesseract (ocr.enabled=false)")
+    b.add_argument("--workers", type=int, help="shards built at once (build.workers; default: the cores it may use)")
+    b.add_argument("--engine", choices=["local", "ray"], help="local process pool or Ray tasks (build.engine)")
+    b.add_argument("--ray-address", help="engine ray: address of a running Ray cluster (build.ray_address)")
     e = sub.add_parser("embed", help="cache text-encoder embeddings of spans and box descriptors",
                        epilog="key=value overrides may follow, e.g. embed.max_spans=32 embed.device=cuda")
     e.add_argument("shard_dir")
     e.add_argument("--config", default=None)
     e.add_argument("--encoder", default=None, help="Hugging Face name/path (default all-MiniLM-L6-v2)")
     e.add_argument("--batch-size", type=int)
+    e.add_argument("--workers", dest="embed_workers", type=int,
+                   help="CPU encoder processes, each with cores/N torch threads (embed.workers)")
     e.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
     i = sub.add_parser("info", help="summarise a shard folder (pages, classes, skips, cache)")
     i.add_argument("shard_dir")
@@ -64,7 +72,7 @@ def _config(args):
         overrides.append("ocr.enabled=false")
     cfg = load_config("tuples", args.config, overrides)
     from gsdistill.threads import apply_threads
-    apply_threads(cfg.threads)
+    apply_threads(cfg.threads, torch_too=args.cmd != "build")
     return cfg
 
 
@@ -96,27 +104,37 @@ def _build(args) -> int:
 
 
 def _embed(args) -> int:
-    from gsdistill.tuples.text_cache import embed_shards, fields_for
+    from gsdistill.models.text_encoder import DEFAULT_ENCODER, TextEncoder
+    from gsdistill.tuples.embed_stage import embed_shards
+    from gsdistill.tuples.text_cache import fields_for
     cfg = _config(args)
     e = cfg.embed
-    embed_shards(args.shard_dir, encoder=e.encoder, batch_size=int(e.batch_size), max_spans=e.max_spans,
-                 force=args.force, device=e.device, descriptor_format=e.descriptor_format,
-                 fields=fields_for(str(e.positives)))
-    print(f"embeddings of {args.shard_dir} are current ({e.encoder or 'all-MiniLM-L6-v2'})")
+    name = e.encoder or DEFAULT_ENCODER
+    r = embed_shards(args.shard_dir, TextEncoder, name, batch_size=int(e.batch_size), max_spans=e.max_spans,
+                     force=args.force, device=e.device, descriptor_format=e.descriptor_format,
+                     fields=fields_for(str(e.positives)), workers=int(e.workers),
+                     precision=str(e.precision))
+    if r.reused:
+        print(f"embeddings of {args.shard_dir} are current ({name})")
+    else:
+        print(f"{r.pages} pages, {r.texts} texts, {r.encoded} encoded ({r.repeat_share:.1%} repeats) with {name} "
+              f"-> {Path(args.shard_dir) / 'embeddings'} [{r.seconds:.1f} s, {r.pages / max(r.seconds, 1e-9):.2f} pages/s, "
+              f"{r.texts / max(r.seconds, 1e-9):.1f} texts/s]")
     return 0
 
 
 def _info(args) -> int:
     from gsdistill.tuples.shards import read_manifest
-    from gsdistill.tuples.text_cache import _read_meta
+    from gsdistill.tuples.text_cache import cached_fields, read_meta
     folder = Path(args.shard_dir)
     m = read_manifest(folder)
     print(f"{folder}: {m['pages']} pages, {m['documents']} documents, {m['spans']} spans, "
           f"{len(m['shards'])} shards, sources {m['sources']}")
     print("\n".join(class_table(m)))
     print(f"skipped: {m['skipped_count']} {m['skip_reasons']}")
-    meta = _read_meta(folder)
-    print("embeddings: " + (f"{meta['encoder']} dim {meta['dim']} descriptors {meta['descriptor_version']}" if meta else "none"))
+    meta = read_meta(folder)
+    print("embeddings: " + (f"{meta['encoder']} ({meta.get('precision', 'fp32')}) dim {meta['dim']} descriptors "
+                            f"{meta['descriptor_version']} fields {', '.join(cached_fields(meta))}" if meta else "none"))
     return 0
 
 

@@ -252,13 +252,15 @@ def _image_index(root: Path) -> dict[str, Path]:
 
 
 def docbank_pages(root: str | Path, skips: SkipLog | None = None, images_dir: str | Path | None = None,
-                  max_pixels: int = 100_000_000) -> Iterator[dict]:
-    """Page tuples of every DocBank token file under ``root`` (or of one ``.txt`` file), sorted by name."""
+                  max_pixels: int = 100_000_000, image_index: dict[str, Path] | None = None) -> Iterator[dict]:
+    """Page tuples of every DocBank token file under ``root`` (or of one ``.txt`` file), sorted by name.
+    ``image_index`` (token-file stem -> image) replaces the search for images (a parallel build looks
+    them up once, not once per page)."""
     root, skips = Path(root), ensure_log(skips)
     files = [root] if root.is_file() else sorted(p for p in root.rglob("*.txt") if not p.name.startswith("labels"))
     base = Path(images_dir) if images_dir else (root.parent if root.is_file() else root)
-    images = _image_index(base)
-    if root.is_file() and not images:
+    images = _image_index(base) if image_index is None else image_index
+    if root.is_file() and not images and image_index is None:
         images = _image_index(base.parent)
     for path in files:
         tokens, bad, total = parse_tokens(path)

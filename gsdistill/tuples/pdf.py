@@ -137,11 +137,13 @@ def _to_pixels(page: pymupdf.Page, bbox, scale: float, size: tuple[int, int]) ->
 
 def pdf_pages(path: str | Path, dpi: int = 72, skips: SkipLog | None = None, max_page_count: int = 5000,
               max_page_side_pt: float = 5000.0, max_pixels: int = 60_000_000, max_pages: int | None = None,
-              ocr_fn: Callable | None = None, doc_id: str | None = None, source: str = "pdf") -> Iterator[dict]:
+              ocr_fn: Callable | None = None, doc_id: str | None = None, source: str = "pdf",
+              first_page: int = 0) -> Iterator[dict]:
     """Page tuples of one PDF (see the module docstring for what is skipped and why).
 
     ``doc_id`` defaults to the file name (the folder driver passes the path relative to its root, so
-    ids are unique by construction); page ids are ``<doc_id>-p<page number, 4 digits>``.
+    ids are unique by construction); page ids are ``<doc_id>-p<page number, 4 digits>``. Pages
+    ``first_page`` (0-based) up to ``max_pages`` pages after it: a parallel build splits long PDFs.
     """
     path, skips = Path(path), ensure_log(skips)
     if dpi < 10 or dpi > 1200:
@@ -150,7 +152,8 @@ def pdf_pages(path: str | Path, dpi: int = 72, skips: SkipLog | None = None, max
     doc_id = doc_id or path.name
     scale = dpi / 72.0
     try:
-        for n in range(doc.page_count if max_pages is None else min(max_pages, doc.page_count)):
+        stop = doc.page_count if max_pages is None else min(first_page + max_pages, doc.page_count)
+        for n in range(first_page, stop):
             where = f"{path}#page={n + 1}"
             try:
                 page = doc[n]

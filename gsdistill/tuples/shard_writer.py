@@ -26,6 +26,7 @@ from gsdistill.tuples.errors import SkipLog, reason_key
 FORMAT = "gsdistill-shards/1"
 MANIFEST = "manifest.json"
 _UNSAFE = re.compile(r"[^A-Za-z0-9\-]")
+DUPLICATE = "duplicate page id: an earlier page has the same id; this one is not written"
 
 
 def sample_key(page_id: str) -> str:
@@ -53,6 +54,71 @@ def _image_bytes(image: Image.Image, fmt: str, quality: int) -> bytes:
 
 def page_json(page: dict) -> dict:
     return {k: v for k, v in page.items() if k != "image" and not k.endswith("_emb")}
+
+
+def accept_page(page: dict, seen: set[str], skips: SkipLog) -> str | None:
+    """The page's sample key, or None after recording why it is not written (no image, no text
+    span, or an id already written: ``seen`` holds the keys written so far and gains this one)."""
+    pid = str(page.get("id", ""))
+    if page.get("image") is None:
+        skips.add(pid or "?", "no image")
+        return None
+    if not page.get("spans"):
+        skips.add(pid, "no text: page has no spans")
+        return None
+    key = sample_key(pid)
+    if key in seen:
+        skips.add(pid, DUPLICATE)
+        return None
+    seen.add(key)
+    return key
+
+
+def page_members(page: dict, key: str, image_format: str, jpeg_quality: int) -> list[tuple[str, bytes]]:
+    """The two tar members of one page: encoded image, then its json."""
+    return [(image_format, _image_bytes(page["image"], image_format, jpeg_quality)),
+            ("json", json.dumps(page_json(page), ensure_ascii=False).encode())]
+
+
+class PageStats:
+    """Counts for the manifest over the pages written: boxes and pages per class, sources, documents."""
+
+    def __init__(self):
+        self.classes, self.pages_with, self.sources = Counter(), Counter(), Counter()
+        self.docs: set[str] = set()
+        self.spans = 0
+
+    def add(self, page: dict) -> None:
+        cats = [b["category"] for b in page.get("boxes", [])]
+        self.classes.update(cats)
+        self.pages_with.update(set(cats))
+        self.sources[page.get("source", "?")] += 1
+        self.docs.add(str(page.get("doc_id", page.get("id"))))
+        self.spans += len(page["spans"])
+
+    def merge(self, summary: dict) -> None:
+        """Add the counts of another ``summary()`` (a build unit's record)."""
+        self.classes.update(summary["boxes_per_class"])
+        self.pages_with.update(summary["pages_with_class"])
+        self.sources.update(summary["sources"])
+        self.docs.update(summary["doc_ids"])
+        self.spans += summary["spans"]
+
+    def summary(self) -> dict:
+        # sorted: the same manifest bytes whatever order pages (and set iteration) came in
+        return {"boxes_per_class": dict(sorted(self.classes.items())),
+                "pages_with_class": dict(sorted(self.pages_with.items())),
+                "sources": dict(sorted(self.sources.items())), "doc_ids": sorted(self.docs), "spans": self.spans}
+
+
+def assemble_manifest(shards: list[dict], summary: dict, skipped: list[dict]) -> dict:
+    """``manifest.json``'s content from the shards written, a ``PageStats.summary()`` and every skip."""
+    return {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "pages": sum(s["pages"] for s in shards), "documents": len(summary["doc_ids"]), "spans": summary["spans"],
+            "shards": shards, "boxes_per_class": summary["boxes_per_class"],
+            "pages_with_class": summary["pages_with_class"], "sources": summary["sources"],
+            "skipped_count": len(skipped), "skip_reasons": dict(Counter(reason_key(s["reason"]) for s in skipped)),
+            "skipped": skipped}
 
 
 class _ShardFiles:
@@ -95,37 +161,15 @@ def write_shards(pages: Iterable[dict], out_dir: str | Path, pages_per_shard: in
         old.unlink()
     local_skips = SkipLog()
     files = _ShardFiles(out, pages_per_shard)
-    classes, pages_with, sources, docs, seen = Counter(), Counter(), Counter(), set(), set()
-    n_spans = 0
+    stats, seen = PageStats(), set()
     try:
         for page in tqdm(pages, total=total, desc=f"shards -> {out.name}", unit="page", disable=not progress):
-            pid = str(page.get("id", ""))
-            if page.get("image") is None:
-                local_skips.add(pid or "?", "no image")
-                continue
-            if not page.get("spans"):
-                local_skips.add(pid, "no text: page has no spans")
-                continue
-            key = sample_key(pid)
-            if key in seen:
-                local_skips.add(pid, "duplicate page id: an earlier page has the same id; this one is not written")
-                continue
-            seen.add(key)
-            files.add_page(key, [(image_format, _image_bytes(page["image"], image_format, jpeg_quality)),
-                                 ("json", json.dumps(page_json(page), ensure_ascii=False).encode())])
-            cats = [b["category"] for b in page.get("boxes", [])]
-            classes.update(cats)
-            pages_with.update(set(cats))
-            sources[page.get("source", "?")] += 1
-            docs.add(page.get("doc_id", pid))
-            n_spans += len(page["spans"])
+            key = accept_page(page, seen, local_skips)
+            if key is not None:
+                files.add_page(key, page_members(page, key, image_format, jpeg_quality))
+                stats.add(page)
     finally:
         files.close()
-    skipped = list(skips or []) + list(local_skips)
-    manifest = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "pages": sum(s["pages"] for s in files.shards), "documents": len(docs), "spans": n_spans,
-                "shards": files.shards, "boxes_per_class": dict(classes), "pages_with_class": dict(pages_with),
-                "sources": dict(sources), "skipped_count": len(skipped),
-                "skip_reasons": dict(Counter(reason_key(s["reason"]) for s in skipped)), "skipped": skipped}
+    manifest = assemble_manifest(files.shards, stats.summary(), list(skips or []) + list(local_skips))
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
     return manifest

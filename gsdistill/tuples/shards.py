@@ -118,12 +118,15 @@ class ShardDataset(IterableDataset):
     ``(seed, e, reader)``. Resuming: ``load_state_dict`` (one process: pages already yielded) or
     ``skip_batches`` (a DataLoader's batches already consumed, over any number of workers). Skipped
     pages are read (the shuffle needs them) but never decoded, given embeddings or transformed.
-    Cached embeddings (``text_cache``) are attached as ``sem_emb`` etc. when present and current.
+    ``embeddings``: a reader of cached text embeddings (``text_cache.open_embeddings(path)``, or
+    anything with ``for_shard(shard_path) -> lookup(key) -> {"sem_emb": ..., ...}``) whose vectors
+    are attached to each page; ``None`` (or ``False``), pages without them. This module reads shards
+    only: it is handed the cache reader, never opens the cache itself.
     """
 
     def __init__(self, path: str | Path, shuffle_buffer: int = 0, seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, decode_images: bool = True, transform=None,
-                 embeddings: bool | str = "auto"):
+                 embeddings=None):
         self.path = Path(path)
         self.files = list_shards(self.path)
         self.shuffle_buffer, self.seed = int(shuffle_buffer), int(seed)
@@ -133,10 +136,10 @@ class ShardDataset(IterableDataset):
         self.decode_images, self.transform = decode_images, transform
         self.epoch, self._skip, self._skip_batches = 0, 0, None
         self._pages_per_shard: list[int] | None = None
-        self.embeddings = None
-        if embeddings:
-            from gsdistill.tuples.text_cache import open_embeddings
-            self.embeddings = open_embeddings(self.path, required=embeddings is True)
+        if embeddings is not None and embeddings is not False and not hasattr(embeddings, "for_shard"):
+            raise TypeError(f"embeddings must be a cache reader (text_cache.open_embeddings(path)) or None, "
+                            f"got {embeddings!r}")
+        self.embeddings = embeddings or None  # False, as older callers pass it, means none too
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -219,11 +222,11 @@ class ShardDataset(IterableDataset):
             if self.embeddings is not None:
                 if f not in emb_for:
                     emb_for[f] = self.embeddings.for_shard(f)
-                if emb_for[f] is not None:
-                    page.update(emb_for[f](key))
+                page.update(emb_for[f](key))
             yield self.transform(page) if self.transform is not None else page
 
 
-def read_pages(path: str | Path, decode_images: bool = True, embeddings: bool | str = "auto") -> Iterator[dict]:
-    """Every page of a shard dir in stored order (one process, no shuffle)."""
+def read_pages(path: str | Path, decode_images: bool = True, embeddings=None) -> Iterator[dict]:
+    """Every page of a shard dir in stored order (one process, no shuffle); ``embeddings`` as in
+    :class:`ShardDataset`."""
     yield from ShardDataset(path, rank=0, world_size=1, decode_images=decode_images, embeddings=embeddings)

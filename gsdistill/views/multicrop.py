@@ -207,7 +207,8 @@ def collate_pretrain(samples: list[dict]) -> dict:
     missing = [s["id"] for s in samples if "sem_emb" not in s or "geom_emb" not in s]
     if missing:
         raise ValueError(f"pages {missing[:3]} have no cached text embeddings; run "
-                         "'gsdistill tuples embed SHARD_DIR' (gsdistill.tuples.text_cache.embed_shards) first")
+                         "'gsdistill tuples embed SHARD_DIR' (gsdistill.tuples.embed_stage.embed_shards) first and read the "
+                         "pages with ShardDataset(..., embeddings=text_cache.open_embeddings(SHARD_DIR))")
     n_g, n_l = len(samples[0]["global_crops"]), len(samples[0]["local_crops"])
     batch = {"global_crops": torch.stack([s["global_crops"][v] for v in range(n_g) for s in samples]),
              "masks": torch.stack([s["masks"][v] for v in range(n_g) for s in samples])}

@@ -1,0 +1,56 @@
+"""tools/probe_layout_features.py: patch labels follow the boxes, and a probe separates features that carry layout."""
+import numpy as np
+import torch
+
+from tool_loader import load_tool
+
+
+def _tool():
+    return load_tool("probe_layout_features.py")
+
+
+def test_patch_labels_take_the_box_under_each_patch_centre_smaller_boxes_win():
+    tool = _tool()
+    page = {"width": 64, "height": 64, "boxes": [
+        {"category": "Text", "bbox": [0, 0, 64, 32]},            # top half: text (class 1)
+        {"category": "Section-header", "bbox": [0, 0, 32, 16]},  # inside it, smaller: title (class 2)
+        {"category": "Page-footer", "bbox": [0, 48, 64, 64]},    # dropped by the PubLayNet folding
+    ]}
+    labels = tool.patch_labels(page, size=64, patch=16).reshape(4, 4)
+    expected = np.array([[2, 2, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(labels, expected)
+
+
+def test_balanced_accuracy_counts_each_present_class_equally():
+    tool = _tool()
+    y = np.array([[0, 0, 0, 1]])
+    pred = np.array([[0, 0, 0, 0]])  # all background: 3/4 patches right, but class 1 missed
+    hits = tool.page_hits(pred, y, n_cls=3)
+    assert tool.balanced_acc(hits) == 0.5  # (1.0 + 0.0) / 2; class 2 is absent and not counted
+
+
+def test_probe_separates_informative_features_from_noise():
+    tool = _tool()
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (600,), generator=g)
+    informative = torch.nn.functional.one_hot(y, 3).float() * 3 + torch.randn(600, 3, generator=g)
+    noise = torch.randn(600, 3, generator=g)
+    for x, lo, hi in ((informative, 0.9, 1.0), (noise, 0.0, 0.6)):
+        probe = tool.fit_probe(x[:400], y[:400], 3, steps=100)
+        pred = probe(x[400:]).argmax(1).numpy()[None]
+        acc = tool.balanced_acc(tool.page_hits(pred, y[400:].numpy()[None], 3))
+        assert lo <= acc <= hi
+
+
+def test_token_stats_see_a_collapsed_feature_map():
+    """Isotropic tokens: effective rank near the width, within-page cosine near 0. Tokens on one line
+    (one direction, any scale): rank 1. Every patch of a page the same token: within-page cosine 1."""
+    tool = _tool()
+    g = torch.Generator().manual_seed(0)
+    iso = torch.randn(8, 64, 16, generator=g)
+    rank, within = tool.token_stats(iso)
+    assert 14 < rank <= 16 and abs(within) < 0.05
+    line = torch.randn(8, 64, 1, generator=g) * torch.randn(16, generator=g)
+    assert abs(tool.token_stats(line)[0] - 1.0) < 1e-6
+    same = torch.randn(8, 1, 16, generator=g).expand(8, 64, 16)
+    assert abs(tool.token_stats(same)[1] - 1.0) < 1e-6
