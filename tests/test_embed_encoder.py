@@ -65,3 +65,19 @@ def test_batches_of_long_texts_hold_fewer_texts():
     assert all(len(b) <= 4 and len(b) * max(lengths[i] for i in b) <= 4 * TOKENS_PER_TEXT for b in batches)
     assert [lengths[b[0]] for b in batches] == sorted(lengths[b[0]] for b in batches)
     assert token_batches([], 4) == [] and token_batches([1000], 4) == [[0]]  # one over-long text still goes
+
+
+def test_onnx_runtime_gives_pytorchs_vectors_for_every_batch_shape(encoder):
+    """embed.precision=onnx: the same fp32 model exported in memory and run by ONNX Runtime; batches of
+    other shapes than the export's (padding, one text, long texts) give PyTorch's vectors."""
+    pytest.importorskip("onnxruntime", reason="the onnx extra (pip install 'gsdistill[onnx]') is not installed")
+    onnx = TextEncoder(precision="onnx")
+    for batch_size in (1, 3, 64):
+        got = onnx.encode(TEXTS, batch_size=batch_size)
+        want = torch.stack([alone(encoder, t) for t in TEXTS])
+        assert (got * want).sum(-1).min() > 1 - 1e-6
+
+
+def test_onnx_is_refused_off_the_cpu():
+    with pytest.raises(ValueError, match="precision=onnx runs on the CPU"):
+        TextEncoder(device="cuda", precision="onnx")

@@ -94,7 +94,8 @@ def test_graded_entries_equal_positive_grades_including_negative_zero():
 def test_registry_builds_every_listed_loss():
     expected = {"single_lh", "infonce", "rand1_lh", "joint_lh", "sum_marg_lh", "mpcl", "lse_pair", "bce",
                 "wasserstein", "kl", "listnet", "ranknet", "approx_ndcg", "superset_pairwise", "gce", "nce",
-                "agce", "aul", "label_smoothing", "label_relaxation", "els", "nce_agce", "nce_aul", "dino", "ibot", "koleo", "koleo_hybrid"}
+                "agce", "aul", "label_smoothing", "label_relaxation", "els", "nce_agce", "nce_aul", "dino", "ibot", "koleo", "koleo_hybrid",
+                "patch_spread"}
     assert set(LOSSES) == expected == set(LOSS_KIND)
     assert set(LOSS_KIND.values()) == {"multi_positive", "graded", "noisy", "distill", "reg"}
     for name in expected:

@@ -236,3 +236,22 @@ def test_symmetric_alignment_adds_the_text_to_page_direction():
         own = text_page[:, None] == page_of_view[None, :]
         reverse = -torch.logsumexp(log_p.masked_fill(~own, float("-inf")), dim=1).mean()
         torch.testing.assert_close(t2[name], 0.5 * (t1[name] + reverse))
+
+
+@pytest.mark.parametrize("align_views", ["unmasked", "visible"])
+def test_patch_spread_term_reads_the_students_patch_tokens(align_views):
+    """objective.patch_spread adds a named term, weighted into the total, equal to PatchSpreadLoss of
+    the student's (fc-normed) patch tokens of the global views; its gradient reaches the backbone."""
+    from gsdistill.losses import PatchSpreadLoss
+    from gsdistill.models.vit_encoder import encode_views
+    model, batch, cfg = model_and_batch(None, "objective.patch_spread=true", "objective.lambda_patch_spread=0.5",
+                                        f"objective.align_views={align_views}", "objective.distill=false",
+                                        "objective.ibot=false")
+    model.eval()  # no drop-path: the reference pass sees the same tokens
+    terms = model(batch)
+    assert "patch_spread" in terms and model.weights["patch_spread"] == 0.5
+    _, patches = encode_views(model.backbone, batch["global_crops"], with_patches=True)
+    torch.testing.assert_close(terms["patch_spread"], PatchSpreadLoss(cov_weight=0.04)(patches.flatten(0, 1)))
+    model.zero_grad()
+    terms["patch_spread"].backward()
+    assert model.backbone.patch_embed.proj.weight.grad.abs().sum() > 0

@@ -141,3 +141,23 @@ def test_bf16_autocast_trains_with_finite_losses(tmp_path):
     assert all(torch.isfinite(torch.tensor(r["total"])) for r in rows.values())
     assert rows[1]["total"] == pytest.approx(fp32[1]["total"], rel=0.05)
     assert rows[1]["total"] != fp32[1]["total"], "bf16 matmuls round differently"
+
+
+def test_a_checkpoint_from_before_a_new_key_still_loads(tmp_path):
+    """A checkpoint's config.yaml written before a key existed (here: objective.patch_spread) loads
+    with that key's default; a key that no longer exists is refused with the file named."""
+    import yaml
+    from gsdistill.config import ConfigError
+    cfg = tiny("optim.steps=1")
+    run_dir = run_pretraining(cfg, tmp_path / "run", fixed(cfg, 1))
+    ckpt = checkpoint.resolve_checkpoint(run_dir)
+    saved = yaml.safe_load((ckpt / "config.yaml").read_text())
+    for key in ("patch_spread", "lambda_patch_spread", "patch_spread_cov"):
+        del saved["objective"][key]
+    (ckpt / "config.yaml").write_text(yaml.safe_dump(saved))
+    model = checkpoint.load_pretrained(run_dir)
+    assert model.use_patch_spread is False
+    saved["objective"]["retired_key"] = 1
+    (ckpt / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(ConfigError, match="retired_key"):
+        checkpoint.load_pretrained(run_dir)

@@ -22,6 +22,7 @@ from gsdistill.losses.multi_positive import (
 from gsdistill.losses.noisy import (
     SupersetPairwiseLoss, ambiguity_sets, possibility_distribution, superset_pairwise_loss,
 )
+from gsdistill.losses.patch_spread import PatchSpreadLoss
 from gsdistill.losses.pairwise_graded import (
     ApproxNDCGLoss, RankNetLoss, approx_ndcg_loss, ranknet_loss,
 )
@@ -36,7 +37,7 @@ __all__ = [
     "AGCELoss", "AULLoss", "ApproxNDCGLoss", "DINOLoss", "EvidenceLabelSmoothingLoss", "GCELoss",
     "IBOTPatchLoss", "InfoNCE", "JointLH", "KLListLoss", "KoLeoHybridLoss", "KoLeoLoss", "LOSSES",
     "LOSS_KIND", "LSEPair", "LabelRelaxationLoss", "LabelSmoothingLoss", "ListNetLoss",
-    "LogitScale", "MPCL", "MultiPositiveBCE", "NCEAGCELoss", "NCEAULLoss", "NCELoss", "Rand1LH",
+    "LogitScale", "MPCL", "PatchSpreadLoss", "MultiPositiveBCE", "NCEAGCELoss", "NCEAULLoss", "NCELoss", "Rand1LH",
     "RankNetLoss", "SingleLH", "SumMargLH", "SupersetPairwiseLoss", "TeacherCentering",
     "WassersteinLoss", "ambiguity_sets", "approx_ndcg_loss", "gather_with_grad",
     "gaussian_w2_from_samples", "get_loss", "joint_lh", "kl_list_loss", "listnet_loss", "loss_key",

@@ -9,6 +9,7 @@ from gsdistill.losses.bce import MultiPositiveBCE
 from gsdistill.losses.dino import DINOLoss
 from gsdistill.losses.ibot import IBOTPatchLoss
 from gsdistill.losses.koleo import KoLeoHybridLoss, KoLeoLoss
+from gsdistill.losses.patch_spread import PatchSpreadLoss
 from gsdistill.losses.listwise import KLListLoss, ListNetLoss
 from gsdistill.losses.multi_positive import JointLH, LSEPair, Rand1LH, SingleLH, SumMargLH
 from gsdistill.losses.noisy import SupersetPairwiseLoss
@@ -33,8 +34,8 @@ LOSSES.update(superset_pairwise=SupersetPairwiseLoss, gce=GCELoss, nce=NCELoss, 
 LOSS_KIND.update({name: "noisy" for name in ("superset_pairwise", "gce", "nce", "agce", "aul",
                                              "label_smoothing", "label_relaxation", "els", "nce_agce",
                                              "nce_aul")})
-LOSSES.update(dino=DINOLoss, ibot=IBOTPatchLoss, koleo=KoLeoLoss, koleo_hybrid=KoLeoHybridLoss)
-LOSS_KIND.update(dino="distill", ibot="distill", koleo="reg", koleo_hybrid="reg")
+LOSSES.update(dino=DINOLoss, ibot=IBOTPatchLoss, koleo=KoLeoLoss, koleo_hybrid=KoLeoHybridLoss, patch_spread=PatchSpreadLoss)
+LOSS_KIND.update(dino="distill", ibot="distill", koleo="reg", koleo_hybrid="reg", patch_spread="reg")
 
 
 def register(name: str, kind: str, cls: type[nn.Module]) -> None:

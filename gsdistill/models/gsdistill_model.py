@@ -1,8 +1,8 @@
 """The GSDistill meta-architecture (paper 003 §4): student, EMA teacher, heads, named loss terms.
 
 ``GSDistill(cfg)(batch)`` takes a ``collate_pretrain`` batch and returns a dict of named loss terms
-(``sem``/``geom``/``joint``, ``distill``, ``ibot``, ``koleo``; only the enabled ones) and ``total`` =
-the weighted sum ``l1 L_sem + l2 L_geom + l3 L_distill + l4 L_ibot + l5 L_KoLeo-H``. The training
+(``sem``/``geom``/``joint``, ``distill``, ``ibot``, ``koleo``, ``patch_spread``; only the enabled ones) and ``total`` =
+the weighted sum ``l1 L_sem + l2 L_geom + l3 L_distill + l4 L_ibot + l5 L_KoLeo-H (+ l6 L_patch_spread)``. The training
 loop backpropagates ``total``, steps, calls :meth:`update_teacher`, logs and checkpoints.
 
 Views: the student sees the (iBOT-masked) global views and the local views; the teacher sees the
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
-from gsdistill.losses import DINOLoss, IBOTPatchLoss, KoLeoHybridLoss, gather_with_grad, rank_offset
+from gsdistill.losses import DINOLoss, IBOTPatchLoss, KoLeoHybridLoss, PatchSpreadLoss, gather_with_grad, rank_offset
 from gsdistill.losses.gather import equal_sizes
 from gsdistill.models.alignment import PageTextAlignment
 from gsdistill.models.backbone import create_backbone
@@ -76,6 +76,7 @@ class GSDistill(nn.Module):
             for name in HEADS[o["heads"]]})
         self.weights = {name: float(o["lambda_geom"] if name == "geom" else o["lambda_sem"]) for name in self.align}
         self.use_distill, self.use_ibot, self.use_koleo = bool(o["distill"]), bool(o["ibot"]), bool(o["koleo"])
+        self.use_patch_spread = bool(o["patch_spread"])
         self.distill_local = bool(o["distill_local"])
         self.align_views = str(o["align_views"])
         if self.align_views not in ALIGN_VIEWS:
@@ -85,7 +86,7 @@ class GSDistill(nn.Module):
         self.text_width = {n: 1 if self.positives == "single" or (n == "geom" and self.geom_target == "mean")
                            else spans and spans * (1 + (n == "joint")) for n in self.align}
         self.weights.update(distill=float(o["lambda_distill"]), ibot=float(o["lambda_ibot"]),
-                            koleo=float(o["lambda_koleo"]))
+                            koleo=float(o["lambda_koleo"]), patch_spread=float(o["lambda_patch_spread"]))
         self.teacher_temp, self.centering = float(o["teacher_temp"]), str(o["centering"])
         # short-run schedules (DINOv2 warms the teacher temperature up; we also ramp the
         # self-distillation weights so the alignment heads shape the features before the EMA
@@ -111,6 +112,8 @@ class GSDistill(nn.Module):
             self.ibot_loss = IBOTPatchLoss(k, student_temp=st, center_momentum=cm)
         if self.use_koleo:
             self.koleo_loss = KoLeoHybridLoss(alpha=float(o["koleo_alpha"]), beta=float(o["koleo_beta"]))
+        if self.use_patch_spread:
+            self.patch_spread_loss = PatchSpreadLoss(cov_weight=float(o["patch_spread_cov"]))
 
     def train(self, mode: bool = True) -> "GSDistill":
         """The EMA teacher always runs in eval mode: no stochastic depth or dropout in its targets."""
@@ -229,15 +232,16 @@ class GSDistill(nn.Module):
         n_pages = len(batch["ids"])
         n_global, n_local = glob.shape[0] // n_pages, local.shape[0] // n_pages
         masks = batch["masks"] if self.use_ibot else None
+        align_patches = max(self.pool_grid.values()) > 0 or self.use_patch_spread
         with record_function("gsdistill.student_global"):
             h_glob, patches = encode_views(self.backbone, glob, masks, getattr(self, "mask_token", None),
-                                           with_patches=self.use_ibot or max(self.pool_grid.values()) > 0)
+                                           with_patches=self.use_ibot or align_patches)
         h_align, p_align, visible = h_glob, patches, None
         if masks is not None and self.align_views == "unmasked":
             # iBOT's masks hide up to half of a view's patches, and with them the boxes its descriptors
             # describe: the alignment heads read a second, unmasked pass over the same global views
             with record_function("gsdistill.student_global_unmasked"):
-                h_align, p_align = encode_views(self.backbone, glob, with_patches=max(self.pool_grid.values()) > 0)
+                h_align, p_align = encode_views(self.backbone, glob, with_patches=align_patches)
         elif masks is not None and self.align_views == "visible":  # same pass; anchors = views left whole
             visible = ~masks.to(glob.device).any(dim=1)  # a tensor mask: no host sync
         terms: dict[str, torch.Tensor] = {}
@@ -257,6 +261,9 @@ class GSDistill(nn.Module):
                     koleo.append(self.koleo_loss(gather_with_grad(z, sizes), group_ids=page_ids))
         if self.use_koleo:
             terms["koleo"] = torch.stack(koleo).mean()
+        if self.use_patch_spread:  # the tokens of whole global views (masked ones carry the mask token)
+            with record_function("gsdistill.patch_spread"):
+                terms["patch_spread"] = self.patch_spread_loss(p_align.flatten(0, 1))
         if self.use_distill or self.use_ibot:
             terms.update(self._self_distillation(glob, local, masks, batch.get("mask_index"), h_glob, patches,
                                                  n_global, n_local))

@@ -261,11 +261,15 @@ def load_pretrained(path: str | os.PathLike, device: str | torch.device = "cpu")
 
 
 def read_config(ckpt: Path):
-    """The resolved run config saved in a checkpoint folder."""
+    """The resolved run config saved in a checkpoint folder, on top of today's defaults: a key added
+    since the checkpoint was written takes its default (which keeps the old behaviour), so older
+    checkpoints still load; a key that no longer exists is a ``ConfigError`` naming the file."""
+    from gsdistill.config import load_config
     path = Path(ckpt) / "config.yaml"
     if not path.is_file():
         raise MissingFileError(f"{path}: missing")
     try:
-        return OmegaConf.load(path)
+        OmegaConf.load(path)
     except Exception as e:  # yaml / omegaconf parse errors name no file
         raise corrupt(path, e, "YAML") from None
+    return load_config("pretrain", base=path)
