@@ -1,7 +1,7 @@
 """Does a box-descriptor format keep the page geometry after the frozen text encoder? (issue 11 item 4)
 
     OMP_NUM_THREADS=1 python tools/bench_descriptors.py [--synthetic-pages 200] [--formats a,b]
-        [--real /work/shared/data] [--no-real] [--cache /tmp/gsdistill-bench-descriptors]
+        [--real ../shared/data] [--no-real] [--cache /tmp/gsdistill-bench-descriptors]
 
 Per page set (synthetic pages; real pages: DocBank samples, PubLayNet examples, arXiv PDFs) and per
 format (every ``gsdistill.tuples.descriptors.FORMATS`` entry, plus ``box-encoder-init``: the learned
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--synthetic-pages", type=int, default=200)
     ap.add_argument("--seed", type=int, default=7, help="synthetic page set (other seeds than the demo's 0)")
     ap.add_argument("--formats", default=",".join([*FORMATS, BOX_ENCODER]))
-    ap.add_argument("--real", type=Path, default=Path("/work/shared/data"))
+    ap.add_argument("--real", type=Path, default=Path(__file__).resolve().parents[1].parent / "shared" / "data")
     ap.add_argument("--no-real", action="store_true")
     ap.add_argument("--tables", type=int, default=200, help="boxes per class for the Spearman pairs")
     ap.add_argument("--cache", type=Path, default=Path("/tmp/gsdistill-bench-descriptors"))
