@@ -98,3 +98,14 @@ def test_deepspeed_bf16_resume_restores_the_fp32_teacher(tmp_path):
     diff = max(float((a[k] - b[k]).abs().max()) for k in teacher)
     print(f"teacher after resume: max |diff| {diff:.3g}, moved {moved:.3g} in steps 3-4")
     assert diff < moved / 100
+
+
+def test_deepspeed_bf16_two_processes_with_patch_spread(tmp_path):
+    """The real-page recipe's extra term under the user's launcher: 2 DeepSpeed processes, bf16; the
+    term is logged every step, finite and float32-computed (its statistics are per rank, as documented)."""
+    pytest.importorskip("deepspeed")
+    rows = _launch(DEEPSPEED, tmp_path / "ds16ps", ["train.engine=deepspeed", "train.precision=bf16",
+                                                    "objective.patch_spread=true"])
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(math.isfinite(r[t]) for r in rows for t in (*TERMS, "patch_spread"))
+    assert all(0 < r["patch_spread"] < 2 for r in rows)  # variance hinge <= 1 plus a small covariance part

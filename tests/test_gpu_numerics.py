@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from gsdistill.config import load_config
-from gsdistill.losses import DINOLoss, IBOTPatchLoss, KoLeoHybridLoss, KoLeoLoss, sinkhorn_knopp
+from gsdistill.losses import DINOLoss, IBOTPatchLoss, KoLeoHybridLoss, KoLeoLoss, PatchSpreadLoss, sinkhorn_knopp
 from gsdistill.models.gsdistill_model import GSDistill
 from gsdistill.models.heads import DINOHead
 from gsdistill.pretrain.data_stream import tensor_batch
@@ -89,6 +89,15 @@ def test_koleo_losses_float32_under_autocast(loss):
         _same(lambda v: loss(v, group_ids=torch.arange(12) % 6), x)
     else:
         _same(loss, x)
+    assert loss(x.bfloat16()).dtype == torch.float32
+
+
+def test_patch_spread_float32_under_autocast():
+    """The covariance of near-identical tokens (a collapsed map) must not be computed in bf16."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 32) + 0.01 * torch.randn(200, 32)
+    loss = PatchSpreadLoss()
+    _same(loss, x)
     assert loss(x.bfloat16()).dtype == torch.float32
 
 
