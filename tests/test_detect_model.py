@@ -54,6 +54,23 @@ def test_backbone_stays_in_eval_mode_and_pyramid_strides():
         vit(torch.randn(1, 3, 100, 96))
 
 
+def test_input_norm_makes_the_pyramid_blind_to_channel_scale(backbone_dir):
+    """adapter_input_norm: each channel of the frozen map standardised, so a backbone whose features are
+    scaled or shifted per channel gives the head the same input; without it the head sees the difference."""
+    torch.manual_seed(0)
+    feats = torch.randn(4, 32, 8, 12)
+    scale, shift = 10 ** (torch.rand(1, 32, 1, 1) * 2 - 1), torch.randn(1, 32, 1, 1) * 5  # x0.1..x10
+    with_norm, without = SimpleFeaturePyramid(32, 16, 16, input_norm=True), SimpleFeaturePyramid(32, 16, 16)
+    for pyramid, same in ((with_norm, True), (without, False)):
+        pyramid.train()
+        a, b = pyramid(feats), pyramid(feats * scale + shift)
+        assert all(torch.allclose(x, y, atol=1e-3) for x, y in zip(a, b)) is same
+    det = build_detector(backbone_dir, nc=5, cfg=_cfg(adapter_input_norm=True))
+    pyramid = det.model.model[1]
+    assert isinstance(pyramid.input_norm, torch.nn.BatchNorm2d) and pyramid.input_norm.weight is None
+    assert build_detector(backbone_dir, nc=5, cfg=_cfg()).model.model[1].input_norm is None  # default: off
+
+
 def test_build_detector_loads_backbone_and_counts_params(backbone_dir):
     det = build_detector(backbone_dir, nc=5, cfg=_cfg(), names=["a", "b", "c", "d", "e"])
     ref = load_backbone(backbone_dir)

@@ -9,8 +9,9 @@ it, so every row has the same data, budget, towers and mined negatives; rows dif
 loss keys. Rows: zero-shot; sentence-transformers MNRL; SingleLH, Rand1LH, JointLH, SumMargLH,
 LSEPair, BCE (paper 000); Wasserstein over each query's own ranking context (paper 002); paper
 004's comparison at 30% injected label noise (CE = SumMargLH, NCE, GCE, AGCE, AUL, LS, ELS, LR,
-NCE+AGCE, NCE+AUL, label weakening); SumMargLH and MNRL for 2 epochs with the epoch kept by dev
-(the dev-best setting); and, at a smaller budget (BOTH_BUDGET), key losses with both towers
+NCE+AGCE, NCE+AUL, label weakening); SumMargLH and MNRL for 2 epochs with the epoch kept by dev;
+SumMargLH at the setting tools/retriever_dev_sweep.py picked on dev (groups of 16, 3 epochs) beside MNRL
+at 3 epochs; and, at a smaller budget (BOTH_BUDGET), key losses with both towers
 trained beside the same losses with the query tower alone.
 
 The frozen passage tower's corpus embeddings are computed once (OUT/corpus_emb.pt, keyed by encoder
@@ -72,6 +73,10 @@ ROWS = [  # (key, label, experiment file, extra overrides): key rows first, so p
     ("noisy_nce_aul", "NCE+AUL, 30% noise", NOISY, ["loss.name=nce_aul"]),
     ("sum_marg_lh_2ep", "SumMargLH, 2 epochs, epoch kept by dev", "sum_marg_lh", ["train.epochs=2"]),
     ("st_mnrl_2ep", "sentence-transformers MNRL, 2 epochs, epoch kept by dev", "st_mnrl", ["train.epochs=2"]),
+    # the dev sweep's pick (docs/retrievers.md: 4 settings, seed 0, dev nDCG@10 only), and MNRL at its budget
+    ("sum_marg_lh_g16_3ep", "SumMargLH, G = 16, 3 epochs, epoch kept by dev (dev sweep)", "sum_marg_lh",
+     ["train.epochs=3", "groups.size=16"]),
+    ("st_mnrl_3ep", "sentence-transformers MNRL, 3 epochs, epoch kept by dev", "st_mnrl", ["train.epochs=3"]),
     *[(f"{k}_{tower}", f"{label}, {'both towers' if tower == 'both' else 'query tower'}, {BOTH_QUERIES} queries", exp,
        BOTH_BUDGET + (BOTH if tower == "both" else []))
       for k, label, exp in (("sum_marg_lh", "SumMargLH", "sum_marg_lh"), ("st_mnrl", "MNRL", "st_mnrl"),
@@ -226,6 +231,8 @@ def comparisons(rows: list[dict], out: Path, have: set[str]) -> list[str]:
              ("label_weakening", "noisy_ce", "paper 004: label weakening >= CE at 30% noise"),
              ("sum_marg_lh_2ep", "zero_shot", "SumMargLH at the dev-best setting (2 epochs) > zero-shot"),
              ("sum_marg_lh_2ep", "st_mnrl_2ep", "SumMargLH > MNRL, both 2 epochs"),
+             ("sum_marg_lh_g16_3ep", "zero_shot", "SumMargLH at the dev sweep's pick (G = 16, 3 epochs) > zero-shot"),
+             ("sum_marg_lh_g16_3ep", "st_mnrl_3ep", "SumMargLH (dev sweep's pick) > MNRL, both 3 epochs"),
              *[(f"{k}_both", f"{k}_query", f"{k}: both towers vs query tower ({BOTH_QUERIES} queries)")
                for k in ("sum_marg_lh", "st_mnrl", "wasserstein", "label_weakening")]]
     lines = [f"Best multi-positive loss by mean dev nDCG@10: {best}.", "",

@@ -85,12 +85,17 @@ class SimpleFeaturePyramid(nn.Module):
     Args:
         c_in: ViT embedding width. c_out: channels of every output level.
         patch_size: stride of the input map (16 for the ViTs used here; 8 and 32 also supported).
+        input_norm: standardise every channel of the frozen map first (BatchNorm without affine
+            parameters, as MAE's linear probe does): frozen backbones differ in how their features are
+            scaled, and a pretrained ViT can hold layout information in low-variance channels that a
+            head trained for a few epochs would otherwise have to scale up itself.
     """
 
-    def __init__(self, c_in: int, c_out: int, patch_size: int = 16):
+    def __init__(self, c_in: int, c_out: int, patch_size: int = 16, input_norm: bool = False):
         super().__init__()
         if patch_size not in (8, 16, 32):
             raise ValueError(f"SimpleFeaturePyramid: patch size {patch_size} must be 8, 16 or 32")
+        self.input_norm = nn.BatchNorm2d(c_in, affine=False) if input_norm else None
         self.levels = nn.ModuleList(self._level(c_in, c_out, patch_size / s) for s in (8, 16, 32))
 
     @staticmethod
@@ -107,6 +112,9 @@ class SimpleFeaturePyramid(nn.Module):
         return nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        norm = getattr(self, "input_norm", None)  # detectors pickled before the option existed lack it
+        if norm is not None:
+            x = norm(x)
         return [level(x) for level in self.levels]
 
 
@@ -120,13 +128,13 @@ register_modules()
 
 
 def detector_yaml(model_name: str, kwargs: dict, embed_dim: int, patch_size: int, nc: int,
-                  c_out: int = 128, frozen: bool = True) -> dict:
+                  c_out: int = 128, frozen: bool = True, input_norm: bool = False) -> dict:
     """The Ultralytics model dict: ViT -> simple feature pyramid -> Index x3 -> v10Detect(nc)."""
     return {
         "nc": int(nc),
         "backbone": [
             [-1, 1, "ViTBackbone", [model_name, dict(kwargs), bool(frozen)]],
-            [-1, 1, "SimpleFeaturePyramid", [int(embed_dim), int(c_out), int(patch_size)]],
+            [-1, 1, "SimpleFeaturePyramid", [int(embed_dim), int(c_out), int(patch_size), bool(input_norm)]],
             [1, 1, "Index", [int(c_out), 0]],
             [1, 1, "Index", [int(c_out), 1]],
             [1, 1, "Index", [int(c_out), 2]],
