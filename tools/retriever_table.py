@@ -73,7 +73,7 @@ ROWS = [  # (key, label, experiment file, extra overrides): key rows first, so p
     ("noisy_nce_aul", "NCE+AUL, 30% noise", NOISY, ["loss.name=nce_aul"]),
     ("sum_marg_lh_2ep", "SumMargLH, 2 epochs, epoch kept by dev", "sum_marg_lh", ["train.epochs=2"]),
     ("st_mnrl_2ep", "sentence-transformers MNRL, 2 epochs, epoch kept by dev", "st_mnrl", ["train.epochs=2"]),
-    # the dev sweep's pick (docs/retrievers.md: 4 settings, seed 0, dev nDCG@10 only), and MNRL at its budget
+    # the dev sweep's pick (tools/retriever_dev_sweep.py: 8 settings, seed 0, dev nDCG@10 only), and MNRL at its budget
     ("sum_marg_lh_g16_3ep", "SumMargLH, G = 16, 3 epochs, epoch kept by dev (dev sweep)", "sum_marg_lh",
      ["train.epochs=3", "groups.size=16"]),
     ("st_mnrl_3ep", "sentence-transformers MNRL, 3 epochs, epoch kept by dev", "st_mnrl", ["train.epochs=3"]),
