@@ -15,7 +15,8 @@ from gsdistill.pretrain.data_stream import tensor_batch, to_device
 from test_pretrain_distributed import TINY
 
 STEPS, MOMENTUM, LR = 3, 0.996, 1e-2
-RUNS = [("torch", "fp32"), ("torch", "bf16"), ("deepspeed", "fp32"), ("deepspeed", "bf16")]
+RUNS = [("torch", "fp32"), ("torch", "bf16"), ("deepspeed", "fp32"), ("deepspeed", "bf16"),
+        ("deepspeed", "bf16/ibot_head")]  # + model.ibot_separate_head: its teacher copy is EMA'd under ZeRO-3 too
 
 
 def _free_port() -> int:
@@ -29,7 +30,9 @@ def _run(engine_name: str, precision: str) -> dict:
     from gsdistill.models.gsdistill_model import GSDistill
     from gsdistill.pretrain.run import build_engine
 
-    cfg = load_config("pretrain", None, TINY + [f"train.engine={engine_name}", f"train.precision={precision}"])
+    precision, *extra = precision.split("/")
+    extra = ["model.ibot_separate_head=true"] if extra == ["ibot_head"] else []
+    cfg = load_config("pretrain", None, TINY + [f"train.engine={engine_name}", f"train.precision={precision}", *extra])
     torch.manual_seed(0)
     model = GSDistill(cfg)
     names = [n for n, _ in model.named_parameters() if n.startswith("teacher.")]
@@ -88,6 +91,7 @@ def test_teacher_equals_fp32_ema_of_the_student(runs, engine, precision):
     assert moved > 1e-5  # the reference moved: the test can see a teacher that does not
     assert diff < 1e-6, (engine, precision, diff, moved)
     assert all(t.dtype == torch.float32 for t in run["teacher"].values())
+    assert any(n.startswith("teacher.ibot_head.") for n in reference) == precision.endswith("/ibot_head")
     for n, weight in run["forward_teacher"].items():  # the forward reads the fp32 master, rounded
         assert torch.equal(weight, run["teacher"][n].to(weight.dtype)), n
 

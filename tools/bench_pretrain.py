@@ -73,7 +73,8 @@ def bare_step(model: GSDistill, batch: dict) -> None:
         h_align, p_align = encode_views(model.backbone, glob, with_patches=max(model.pool_grid.values()) > 0)
     h_local = encode_views(model.backbone, local)[0]
     index = masked_patch_index(masks)
-    outs = [model.dino_head(torch.cat([h, h_local])), model.dino_head(patches.flatten(0, 1)[index])]
+    ibot_head = model.ibot_head_name
+    outs = [model.dino_head(torch.cat([h, h_local])), getattr(model, ibot_head)(patches.flatten(0, 1)[index])]
     for name, head in model.align.items():
         outs += [head.embed_pages(model.head_inputs(h_align, p_align, glob.shape[-2:], name)),
                  head.embed_text(model._texts(batch, name)[0])]
@@ -81,7 +82,7 @@ def bare_step(model: GSDistill, batch: dict) -> None:
         t_h, t_patches = encode_views(model.teacher["backbone"], glob, with_patches=True)
         t_local = encode_views(model.teacher["backbone"], local)[0]
         model.teacher["dino_head"](torch.cat([t_h, t_local]))
-        model.teacher["dino_head"](t_patches.flatten(0, 1)[index])
+        model.teacher[ibot_head](t_patches.flatten(0, 1)[index])
     sum(o.float().sum() for o in outs).backward()
     model.zero_grad(set_to_none=True)
 

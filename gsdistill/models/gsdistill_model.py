@@ -104,8 +104,13 @@ class GSDistill(nn.Module):
         if self.use_distill or self.use_ibot:
             self.dino_head = DINOHead(dim, int(m["dino_out_dim"]), int(m["dino_hidden_dim"]),
                                       int(m["dino_bottleneck_dim"]), int(m["dino_layers"]))
+            heads = {"dino_head": self.dino_head}
+            if self.use_ibot and bool(m["ibot_separate_head"]):  # DINOv2's ibot.separate_head: same shape, own weights
+                self.ibot_head = DINOHead(dim, int(m["dino_out_dim"]), int(m["dino_hidden_dim"]),
+                                          int(m["dino_bottleneck_dim"]), int(m["dino_layers"]))
+                heads["ibot_head"] = self.ibot_head
             self.teacher = nn.ModuleDict({"backbone": copy.deepcopy(self.backbone),
-                                          "dino_head": copy.deepcopy(self.dino_head)})
+                                          **{k: copy.deepcopy(v) for k, v in heads.items()}})
             self.teacher.requires_grad_(False)
             k, st, cm = int(m["dino_out_dim"]), float(o["student_temp"]), float(o["center_momentum"])
             self.dino_loss = DINOLoss(k, student_temp=st, center_momentum=cm)
@@ -167,6 +172,11 @@ class GSDistill(nn.Module):
         return self.align[self.page_head_for("geometric")].embed_text(text_emb)
 
     # ---- training --------------------------------------------------------------------------
+    @property
+    def ibot_head_name(self) -> str:
+        """The head iBOT's patch tokens go through: ``ibot_head`` with ``model.ibot_separate_head``, else ``dino_head``."""
+        return "ibot_head" if hasattr(self, "ibot_head") else "dino_head"
+
     def student_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self.named_parameters() if not n.startswith("teacher.")]
 
@@ -175,7 +185,7 @@ class GSDistill(nn.Module):
         if not hasattr(self, "teacher"):
             return []
         pairs = []
-        for part in ("backbone", "dino_head"):
+        for part in self.teacher.keys():  # backbone, dino_head (+ ibot_head)
             student = dict(getattr(self, part).named_parameters())
             pairs += [(p, student[n]) for n, p in self.teacher[part].named_parameters()]
         return pairs
@@ -298,9 +308,10 @@ class GSDistill(nn.Module):
         if self.use_ibot:
             with record_function("gsdistill.ibot"):
                 index = masked_patch_index(masks, batch_index)
-                s_patch = self.dino_head(patches.flatten(0, 1).index_select(0, index))
+                part = self.ibot_head_name
+                s_patch = getattr(self, part)(patches.flatten(0, 1).index_select(0, index))
                 with torch.no_grad():
                     t_masked = t_patch.flatten(0, 1).index_select(0, index)
-                    t_patch_probs = self._teacher_targets(self.teacher["dino_head"](t_masked), self.ibot_loss)
+                    t_patch_probs = self._teacher_targets(self.teacher[part](t_masked), self.ibot_loss)
                 out["ibot"] = self.ibot_loss(s_patch, t_patch_probs, masks)
         return out

@@ -90,6 +90,13 @@ def retrieval_markdown(rows: list[dict], split: str, text_note: str | None = Non
     return "\n".join(lines)
 
 
+def mean_pairwise_cosine(x: torch.Tensor) -> float:
+    """Mean cosine between the rows of ``x [N, D]`` over the N (N - 1) ordered pairs of different rows."""
+    unit = torch.nn.functional.normalize(x.float(), dim=1)
+    n = len(unit)
+    return float(((unit @ unit.T).sum() - n) / (n * (n - 1)))
+
+
 @torch.no_grad()
 def teacher_logit_spread(model, pages: list[dict], image_size: int, batch_size: int = 32) -> dict | None:
     """Why DINO sits at log K, measured: the EMA teacher's prototype logits on whole-page views.
@@ -98,7 +105,10 @@ def teacher_logit_spread(model, pages: list[dict], image_size: int, batch_size: 
     same logits (their std over pages, per prototype, far below the teacher temperature ``T``) the
     targets are uniform and DINO's cross-entropy is log K whatever the student does. Returns the
     std over pages averaged over prototypes, its ratio to ``T`` and the mean pairwise cosine of the
-    pages' logit vectors; None for a model without self-distillation.
+    pages' logit vectors, and where the pages merge: the mean pairwise cosine of the pooled page
+    embeddings the head reads (``input_cosine``) and of the head's bottleneck output before its
+    l2 normalisation (``bottleneck_cosine``; 1.0 = the head sends every page to one point); None for a
+    model without self-distillation.
     """
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
@@ -109,15 +119,15 @@ def teacher_logit_spread(model, pages: list[dict], image_size: int, batch_size: 
         return None
     mean = torch.tensor(IMAGENET_DEFAULT_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_DEFAULT_STD).view(1, 3, 1, 1)
-    teacher = model.teacher
-    rows = []
+    backbone, head = model.teacher["backbone"], model.teacher["dino_head"]
+    pooled = []
     for start in range(0, len(pages), batch_size):
         x = torch.stack([_image_tensor(p["image"], image_size) for p in pages[start:start + batch_size]]).float() / 255.0
-        rows.append(teacher["dino_head"](encode_views(teacher["backbone"], (x - mean) / std)[0]).float())
-    logits = torch.cat(rows)
+        pooled.append(encode_views(backbone, (x - mean) / std)[0])
+    pooled = torch.cat(pooled)
+    logits = head(pooled).float()
     spread = float(logits.std(dim=0).mean())
-    unit = torch.nn.functional.normalize(logits, dim=1)
-    n = len(unit)
-    cos = float(((unit @ unit.T).sum() - n) / (n * (n - 1)))
     return {"std_over_pages": spread, "teacher_temp": float(model.teacher_temp),
-            "ratio": spread / float(model.teacher_temp), "mean_pairwise_cosine": cos, "pages": n}
+            "ratio": spread / float(model.teacher_temp), "mean_pairwise_cosine": mean_pairwise_cosine(logits),
+            "input_cosine": mean_pairwise_cosine(pooled), "bottleneck_cosine": mean_pairwise_cosine(head.mlp(pooled)),
+            "pages": len(pooled)}

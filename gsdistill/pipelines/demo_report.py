@@ -206,6 +206,11 @@ def distill_verdict(change: dict, k: int, spread: dict | None = None) -> list[st
                      f"pairwise cosine {spread['mean_pairwise_cosine']:.3f}), {spread['ratio']:.2f}x the teacher "
                      f"temperature {spread['teacher_temp']:g}: Sinkhorn-Knopp's targets are near uniform when this "
                      "ratio is well below 1, whatever the student does.")
+        if "bottleneck_cosine" in spread:  # reports written before this measure lack it
+            lines[-1] += (f" Where the pages merge: their pooled embeddings (the head's input) have mean pairwise cosine "
+                          f"{spread['input_cosine']:.3f}, the head's bottleneck output {spread['bottleneck_cosine']:.4f}"
+                          + (" (the head sends every page to about one point)." if spread["bottleneck_cosine"] > 0.999
+                             else "."))
     return lines + ([""] if lines else [])
 
 

@@ -60,7 +60,7 @@ def compile_parts(model: nn.Module) -> list[str]:
     for name, module in model.named_modules():
         last = name.rsplit(".", 1)[-1]
         in_blocks = name.rsplit(".", 1)[0].endswith("blocks") and last.isdigit()
-        if (in_blocks or last in ("dino_head", "head", "text_proj")) and not isinstance(module, nn.Identity):
+        if (in_blocks or last in ("dino_head", "ibot_head", "head", "text_proj")) and not isinstance(module, nn.Identity):
             module.compile()
             names.append(name)
     return names
