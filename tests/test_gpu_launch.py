@@ -101,11 +101,16 @@ def test_deepspeed_bf16_resume_restores_the_fp32_teacher(tmp_path):
 
 
 def test_deepspeed_bf16_two_processes_with_patch_spread(tmp_path):
-    """The real-page recipe's extra term under the user's launcher: 2 DeepSpeed processes, bf16; the
-    term is logged every step, finite and float32-computed (its statistics are per rank, as documented)."""
+    """The real-page recipe's extra parts under the user's launcher: 2 DeepSpeed processes, bf16; the
+    patch_spread term is logged every step, finite and float32-computed (its statistics are per rank, as
+    documented); the separate iBOT head and its teacher copy are saved as fp32 masters."""
     pytest.importorskip("deepspeed")
     rows = _launch(DEEPSPEED, tmp_path / "ds16ps", ["train.engine=deepspeed", "train.precision=bf16",
-                                                    "objective.patch_spread=true"])
+                                                    "objective.patch_spread=true", "model.ibot_separate_head=true"])
+    state = load_file(str(tmp_path / "ds16ps" / "checkpoints" / "step-000003" / "model.safetensors"))
+    for prefix in ("ibot_head.", "teacher.ibot_head."):
+        weights = [v for k, v in state.items() if k.startswith(prefix) and v.is_floating_point()]
+        assert weights and all(v.dtype == torch.float32 for v in weights), prefix
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r[t]) for r in rows for t in (*TERMS, "patch_spread"))
     assert all(0 < r["patch_spread"] < 2 for r in rows)  # variance hinge <= 1 plus a small covariance part

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from gsdistill.pipelines.demo_learning import mean_pairwise_cosine as cosine  # rows of [N, D]: mean over ordered pairs
+from gsdistill.pipelines.demo_learning import head_spread
 
 
 def entropy(p: torch.Tensor) -> float:
@@ -45,26 +45,27 @@ def dino_target_stats(model, views, pages: list[dict], batch_size: int) -> dict:
     if len(pages) < 2 * batch_size:
         raise ValueError(f"need at least {2 * batch_size} pages (two batches of {batch_size}), got {len(pages)}")
     backbone, head = model.teacher["backbone"], model.teacher["dino_head"]
-    pooled, t_logits, s_logits = [[], []], [[], []], [[], []]
+    pooled, t_logits, s_logits = [], [[], []], []  # pooled and student: view 1; teacher logits: both views
     for start in range(0, len(pages) - batch_size + 1, batch_size):
         samples = [views(p) for p in pages[start:start + batch_size]]
         for v in range(2):
             x = torch.stack([s["global_crops"][v] for s in samples])
             h = encode_views(backbone, x)[0]
-            pooled[v].append(h)
             t_logits[v].append(head(h).float())
-            s_logits[v].append(model.dino_head(encode_views(model.backbone, x)[0]).float())
+            if v == 0:
+                pooled.append(h)
+                s_logits.append(model.dino_head(encode_views(model.backbone, x)[0]).float())
     temp = float(model.current_teacher_temp())
     # the training's own targets (centering, temperature at the last step, logit bound), batch by batch
     targets = [torch.cat([model._teacher_targets(t, model.dino_loss) for t in tv]) for tv in t_logits]
-    log_p = torch.log_softmax(torch.cat(s_logits[0]) / model.dino_loss.student_temp, -1)
-    h, logits = torch.cat(pooled[0]), torch.cat(t_logits[0])
+    log_p = torch.log_softmax(torch.cat(s_logits) / model.dino_loss.student_temp, -1)
+    spread = head_spread(torch.cat(pooled), head, temp)
     top = [t.argmax(-1) for t in targets]
     other = torch.roll(torch.arange(len(top[0])), 1)
-    spread = float(logits.std(0).mean())
-    return {"pages": len(h), "K": int(logits.shape[1]), "log_K": math.log(logits.shape[1]), "teacher_temp": temp,
-            "teacher_logit_std_over_pages": spread, "ratio_to_temp": spread / temp,
-            "input_cosine": cosine(h), "bottleneck_cosine": cosine(head.mlp(h)),
+    K = targets[0].shape[1]
+    return {"pages": spread["pages"], "K": int(K), "log_K": math.log(K), "teacher_temp": temp,
+            "teacher_logit_std_over_pages": spread["std_over_pages"], "ratio_to_temp": spread["ratio"],
+            "input_cosine": spread["input_cosine"], "bottleneck_cosine": spread["bottleneck_cosine"],
             "target_entropy": entropy(targets[0]), "target_max_prob": float(targets[0].max(-1).values.mean()),
             "argmax_agree_same_page": float((top[0] == top[1]).float().mean()),
             "argmax_agree_other_page": float((top[0] == top[1][other]).float().mean()),

@@ -102,13 +102,12 @@ class GSDistill(nn.Module):
             self.mask_token = nn.Parameter(torch.zeros(1, dim))
             nn.init.normal_(self.mask_token, std=1e-6)
         if self.use_distill or self.use_ibot:
-            self.dino_head = DINOHead(dim, int(m["dino_out_dim"]), int(m["dino_hidden_dim"]),
-                                      int(m["dino_bottleneck_dim"]), int(m["dino_layers"]))
+            head_shape = (dim, int(m["dino_out_dim"]), int(m["dino_hidden_dim"]), int(m["dino_bottleneck_dim"]),
+                          int(m["dino_layers"]))
+            self.dino_head = DINOHead(*head_shape)
             heads = {"dino_head": self.dino_head}
             if self.use_ibot and bool(m["ibot_separate_head"]):  # DINOv2's ibot.separate_head: same shape, own weights
-                self.ibot_head = DINOHead(dim, int(m["dino_out_dim"]), int(m["dino_hidden_dim"]),
-                                          int(m["dino_bottleneck_dim"]), int(m["dino_layers"]))
-                heads["ibot_head"] = self.ibot_head
+                self.ibot_head = heads["ibot_head"] = DINOHead(*head_shape)
             self.teacher = nn.ModuleDict({"backbone": copy.deepcopy(self.backbone),
                                           **{k: copy.deepcopy(v) for k, v in heads.items()}})
             self.teacher.requires_grad_(False)

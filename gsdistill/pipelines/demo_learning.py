@@ -98,6 +98,18 @@ def mean_pairwise_cosine(x: torch.Tensor) -> float:
 
 
 @torch.no_grad()
+def head_spread(pooled: torch.Tensor, head, teacher_temp: float) -> dict:
+    """How far apart a DINO head keeps pages: ``pooled [N, C]`` page embeddings -> the std over pages of its
+    prototype logits (mean over prototypes), its ratio to ``teacher_temp``, and mean pairwise cosines of
+    the logits, of the head's input and of its bottleneck output before the l2 normalisation."""
+    logits = head(pooled).float()
+    spread = float(logits.std(dim=0).mean())
+    return {"std_over_pages": spread, "teacher_temp": float(teacher_temp), "ratio": spread / float(teacher_temp),
+            "mean_pairwise_cosine": mean_pairwise_cosine(logits), "input_cosine": mean_pairwise_cosine(pooled),
+            "bottleneck_cosine": mean_pairwise_cosine(head.mlp(pooled)), "pages": len(pooled)}
+
+
+@torch.no_grad()
 def teacher_logit_spread(model, pages: list[dict], image_size: int, batch_size: int = 32) -> dict | None:
     """Why DINO sits at log K, measured: the EMA teacher's prototype logits on whole-page views.
 
@@ -124,10 +136,4 @@ def teacher_logit_spread(model, pages: list[dict], image_size: int, batch_size: 
     for start in range(0, len(pages), batch_size):
         x = torch.stack([_image_tensor(p["image"], image_size) for p in pages[start:start + batch_size]]).float() / 255.0
         pooled.append(encode_views(backbone, (x - mean) / std)[0])
-    pooled = torch.cat(pooled)
-    logits = head(pooled).float()
-    spread = float(logits.std(dim=0).mean())
-    return {"std_over_pages": spread, "teacher_temp": float(model.teacher_temp),
-            "ratio": spread / float(model.teacher_temp), "mean_pairwise_cosine": mean_pairwise_cosine(logits),
-            "input_cosine": mean_pairwise_cosine(pooled), "bottleneck_cosine": mean_pairwise_cosine(head.mlp(pooled)),
-            "pages": len(pooled)}
+    return head_spread(torch.cat(pooled), head, model.teacher_temp)
