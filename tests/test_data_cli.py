@@ -50,14 +50,14 @@ def test_max_pages_limits_output(tmp_path):
 def test_unknown_key_and_bad_input_are_clear_errors(tmp_path, capsys):
     assert gsdistill(["tuples", "build", "--from", "synthetic", "2", "--out", str(tmp_path / "x"), "pdf.dpy=3"]) == 2
     assert "pdf.dpi" in capsys.readouterr().err  # did-you-mean
-    assert main(["build", "--from", "synthetic", "many", "--out", str(tmp_path / "y")]) == 1
+    assert main(["build", "--from", "synthetic", "many", "--out", str(tmp_path / "y")]) == 2
     assert "number of pages" in capsys.readouterr().err
-    assert main(["info", str(tmp_path)]) == 1
+    assert main(["info", str(tmp_path)]) == 2
     assert "no manifest.json" in capsys.readouterr().err
     empty = tmp_path / "pdfs"
     empty.mkdir()
     (empty / "broken.pdf").write_bytes(b"not a pdf")
-    assert main(["build", "--from", "pdf", str(empty), "--out", str(tmp_path / "z"), "build.progress=false"]) == 1
+    assert main(["build", "--from", "pdf", str(empty), "--out", str(tmp_path / "z"), "build.progress=false"]) == 2
     assert "unreadable PDF" in (tmp_path / "z" / "skipped.csv").read_text()
 
 

@@ -110,7 +110,7 @@ def test_pages_to_yolo_splits_by_document_and_round_trips(tmp_path):
     assert [float(cx) * 120, float(cy) * 160, float(w) * 120, float(h) * 160] == pytest.approx([60, 40, 100, 40])
     skipped = json.loads((tmp_path / "out/manifest.json").read_text())["splits"]["train"]["skipped"]
     assert skipped[0]["item"] == "empty"
-    assert check_yolo_dataset(data)["val"] == {"images": 4, "boxes": 8, "empty_labels": 0}
+    assert check_yolo_dataset(data)["val"] == {"images": 4, "boxes": 8, "empty_labels": 0, "unreadable": []}
     with pytest.raises(DatasetError, match="'Marginalia' is not one of the classes"):
         pages_to_yolo([_page("x", "x", [("Marginalia", [1, 1, 9, 9])])], tmp_path / "bad")
 
@@ -195,7 +195,7 @@ def test_cli_convert_from_shards_and_real_docbank(shared_data, tmp_path):
     assert main(["convert", "--shards", str(tmp_path / "shards"), "--val-fraction", "0.25",
                  "--out", str(tmp_path / "from_shards")]) == 0
     assert check_yolo_dataset(tmp_path / "from_shards/data.yaml")["train"] == {"images": 3, "boxes": 6,
-                                                                               "empty_labels": 0}
+                                                                               "empty_labels": 0, "unreadable": []}
     src = tmp_path / "docbank"  # two real DocBank pages (token files + renders), linked
     (src / "annotations").mkdir(parents=True)
     (src / "images").mkdir()

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from gsdistill.models.text_encoder import DEFAULT_ENCODER, TextEncoder, mean_pool
 from gsdistill.tuples.embed_stage import embed_shards
-from gsdistill.tuples.shards import decode_sample, iter_tar, list_shards
+from gsdistill.tuples.shards import decode_sample, iter_tar, list_shards, shard_digest
 from gsdistill.tuples.text_cache import FIELDS, MULTI_POSITIVE_FIELDS, open_embeddings, page_texts
 
 
@@ -65,7 +65,7 @@ def min_cosine(reference: dict, shard_dir: Path) -> float:
     """Lowest cosine between a reference vector and the cached one of the same text, over every text."""
     cache, lowest = open_embeddings(shard_dir, required=True), 1.0
     for shard in list_shards(shard_dir):
-        lookup = cache.for_shard(shard)
+        lookup = cache.for_shard(shard, shard_digest(shard))
         for key, _ in iter_tar(shard):
             for name, got in lookup(key).items():
                 want = reference[f"{key}.{name[:-len('_emb')]}"].reshape(got.shape)

@@ -2,14 +2,20 @@
 
 Ultralytics itself warns and drops corrupt labels, treats a missing label file as background and
 may try to download a data set whose folders are missing; here each of those is an error instead.
+An image that cannot be decoded (truncated, not an image, under 10 pixels a side) is a recorded
+skip: listed with its reason in the check's report, and left out of the image lists Ultralytics
+reads (:func:`readable_data_yaml`), so the count it trains on is the count reported, and it never
+"restores" (rewrites) a user's truncated JPEG.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
 
 from gsdistill.detect.convert import IMAGE_SUFFIXES, DatasetError
+from gsdistill.detect.image_check import DecodedImages
 
 
 def read_data_yaml(data_yaml: str | Path) -> dict:
@@ -26,11 +32,14 @@ def read_data_yaml(data_yaml: str | Path) -> dict:
     return data
 
 
-def split_dir(data_yaml: str | Path, data: dict, split: str) -> Path:
+def data_root(data_yaml: str | Path, data: dict) -> Path:
+    """The folder the YAML's split paths are relative to (``path``, else the YAML's own folder)."""
     root = Path(data.get("path") or Path(data_yaml).parent)
-    if not root.is_absolute():
-        root = Path(data_yaml).parent / root
-    return root / data[split]
+    return root if root.is_absolute() else Path(data_yaml).parent / root
+
+
+def split_dir(data_yaml: str | Path, data: dict, split: str) -> Path:
+    return data_root(data_yaml, data) / data[split]
 
 
 def _check_label(label: Path, nc: int, names: list[str]) -> int:
@@ -62,17 +71,19 @@ def label_path(image: Path) -> Path:
 
 def check_yolo_dataset(data_yaml: str | Path, splits: tuple[str, ...] = ("train", "val"),
                        allow_empty_labels: bool = False) -> dict:
-    """Validate a detection data set; return ``{split: {"images", "boxes", "empty_labels"}}``.
+    """Validate a detection data set; return ``{split: {"images", "boxes", "empty_labels", "unreadable"}}``.
 
-    Errors (naming the file): missing data YAML or image folder, a split without images, an image
-    without a label file, a malformed label line, a class id outside the YAML's names, and, unless
-    ``allow_empty_labels``, an empty label file (a page with no box would train as background).
+    Errors (naming the file): missing data YAML or image folder, a split without (readable) images,
+    an image without a label file, a malformed label line, a class id outside the YAML's names, and,
+    unless ``allow_empty_labels``, an empty label file (a page with no box would train as background).
+    An image that does not decode is skipped: ``unreadable`` lists ``{"image", "reason"}``, and
+    ``images`` counts only the readable ones.
     """
     data = read_data_yaml(data_yaml)
     names = data["names"]
     if data.get("nc") is not None and int(data["nc"]) != len(names):
         raise DatasetError(f"{data_yaml}: nc={data['nc']} but {len(names)} names")
-    report = {}
+    report, decoded = {}, DecodedImages(data_yaml)
     for split in splits:
         if split not in data:
             continue
@@ -82,10 +93,17 @@ def check_yolo_dataset(data_yaml: str | Path, splits: tuple[str, ...] = ("train"
         images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
         if not images:
             raise DatasetError(f"{data_yaml}: {split} image folder {folder} holds no images")
-        boxes, empty = 0, []
         for img in images:
             if not img.exists():
                 raise DatasetError(f"{img}: image missing (broken link to {img.resolve()})")
+        problems = decoded.problems(images)
+        unreadable = [{"image": str(img), "reason": why} for img, why in zip(images, problems) if why]
+        images = [img for img, why in zip(images, problems) if not why]
+        if not images:
+            raise DatasetError(f"{data_yaml}: none of the {len(unreadable)} {split} images in {folder} can be read "
+                               f"(e.g. {unreadable[0]['image']}: {unreadable[0]['reason']})")
+        boxes, empty = 0, []
+        for img in images:
             label = label_path(img)
             if not label.is_file():
                 raise DatasetError(f"{img}: no label file {label}")
@@ -96,5 +114,33 @@ def check_yolo_dataset(data_yaml: str | Path, splits: tuple[str, ...] = ("train"
                                        "data_check.allow_empty_labels=true to train it as background")
                 empty.append(str(label))
             boxes += n
-        report[split] = {"images": len(images), "boxes": boxes, "empty_labels": len(empty)}
+        report[split] = {"images": len(images), "boxes": boxes, "empty_labels": len(empty), "unreadable": unreadable}
+    decoded.save()
     return report
+
+
+def skipped_images(report: dict) -> list[dict]:
+    """``{"split", "image", "reason"}`` of every image the check skipped."""
+    return [{"split": split, **item} for split, st in report.items() for item in st.get("unreadable", [])]
+
+
+def readable_data_yaml(data_yaml: str | Path, report: dict, out_dir: Path) -> Path:
+    """``data_yaml`` itself when every image decodes; else a copy in ``out_dir`` whose checked splits
+    are lists of the readable images (Ultralytics reads a ``.txt`` of image paths as a split)."""
+    if not skipped_images(report):
+        return Path(data_yaml)
+    data = yaml.safe_load(Path(data_yaml).read_text())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split, st in report.items():
+        bad = {item["image"] for item in st["unreadable"]}
+        folder = split_dir(data_yaml, data, split)
+        # absolute, not resolved: a label is found beside the image path as given (images/ -> labels/)
+        kept = sorted(os.path.abspath(p) for p in folder.rglob("*")
+                      if p.suffix.lower() in IMAGE_SUFFIXES and str(p) not in bad)
+        listing = out_dir / f"{split}_images.txt"
+        listing.write_text("\n".join(kept) + "\n")
+        data[split] = os.path.abspath(listing)
+    data["path"] = os.path.abspath(data_root(data_yaml, data))  # the other splits stay where they were
+    path = out_dir / "data_readable.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

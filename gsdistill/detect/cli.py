@@ -159,4 +159,7 @@ def format_report(report: dict) -> str:
     for name, ap in report["per_class"].items():
         lines.append(f"{name:16} {f(ap['AP50']):>6} {f(ap['AP50-95']):>9} "
                      f"{f(ap.get('coco_AP50')):>7} {f(ap.get('coco_AP50-95')):>10}")
+    if report.get("images_skipped"):
+        lines.append(f"skipped {report['images_skipped']} images that do not decode (listed in "
+                     f"{Path(report['save_dir']) / 'report.json'})")
     return "\n".join(lines)

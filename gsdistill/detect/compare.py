@@ -39,10 +39,11 @@ def random_twin(reference: str | Path | None, cfg: DictConfig, out: Path, seed: 
     """An exported random ViT: ``reference``'s architecture (or ``cfg.random_backbone``), init seeded by ``seed``."""
     import torch
 
-    from gsdistill.models.backbone import create_backbone, read_backbone_meta, save_backbone
+    from gsdistill.detect.backbone_folder import read_backbone_folder
+    from gsdistill.models.backbone import create_backbone, save_backbone
 
     if reference is not None:
-        meta = read_backbone_meta(reference)
+        meta = read_backbone_folder(reference)
         spec = {"name": meta["model_name"], **{k: v for k, v in meta["kwargs"].items() if k != "dynamic_img_size"}}
     else:
         spec = to_dict(cfg.random_backbone)
@@ -54,10 +55,12 @@ def _train_stock(model_yaml: str, cfg: DictConfig, data: Path, run_dir: Path) ->
     """An Ultralytics stock model (e.g. yolov10n.yaml) trained fully from scratch with ``cfg``'s budget."""
     from ultralytics import YOLO
 
-    from gsdistill.detect.pipeline import train_args
+    from gsdistill.detect.pipeline import check_training_data, record_data_check, train_args
     from gsdistill.detect.run_logging import add_run_callbacks
 
+    report = check_training_data(cfg)  # the same readable pages as the ViT rows
     run_dir.mkdir(parents=True, exist_ok=True)
+    data = record_data_check(report, data, run_dir)
     yolo = YOLO(model_yaml, task="detect")  # architecture only: random init, nothing downloaded
     add_run_callbacks(yolo, run_dir)
     args = train_args(cfg, str(data), run_dir)

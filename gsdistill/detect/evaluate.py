@@ -131,24 +131,27 @@ def validate(weights: str | Path, data_yaml: str | Path, coco_json: str | Path |
     when no COCO json is known), ``per_class`` (``{name: {"AP50", "AP50-95", "coco_AP50",
     "coco_AP50-95"}}``), ``params_total``, ``params_trainable``, ``imgsz`` (``val.imgsz``, else the
     checkpoint's training size), ``weights``, ``save_dir`` (``<project>/<run>_<stem>_<hash of the weights
-    path>_val``). The report is also written to ``<save_dir>/report.json``.
+    path>_val``), ``images_skipped`` and ``skipped_images`` (images that do not decode: left out of
+    both scorers). The report is also written to ``<save_dir>/report.json``.
     """
     from gsdistill.config import load_config
-    from gsdistill.detect.checks import split_dir
+    from gsdistill.detect.checks import readable_data_yaml, skipped_images, split_dir
     from gsdistill.detect.pipeline import resolve_device
 
     cfg = cfg or load_config("detect")
     data_yaml = Path(data_yaml)
     data = read_data_yaml(data_yaml)
     split = str(cfg.val.split)
-    check_yolo_dataset(data_yaml, splits=(split,), allow_empty_labels=bool(cfg.data_check.allow_empty_labels))
+    checked = check_yolo_dataset(data_yaml, splits=(split,), allow_empty_labels=bool(cfg.data_check.allow_empty_labels))
+    skipped = skipped_images(checked)
     model = load_yolo(weights, safe=bool(cfg.safe_load))
     train_args = (model.ckpt or {}).get("train_args") or {}
     frozen = bool(train_args.get("freeze")) if train_args else bool(cfg.frozen)
     imgsz = checkpoint_imgsz(model, cfg.val.imgsz, cfg.imgsz)
     save_dir = Path(cfg.project).resolve() / val_dir_name(weights)
     (save_dir / "predictions.json").unlink(missing_ok=True)  # never score a previous run's boxes
-    metrics = model.val(validator=PredictionRecordingValidator, data=str(data_yaml), split=split,
+    readable = readable_data_yaml(data_yaml, checked, save_dir / "data")
+    metrics = model.val(validator=PredictionRecordingValidator, data=str(readable), split=split,
                         imgsz=imgsz, batch=cfg.batch, conf=cfg.val.conf, iou=cfg.val.iou,
                         max_det=cfg.val.max_det, device=resolve_device(cfg.device), plots=False,
                         save_json=True, project=str(save_dir.parent), name=save_dir.name, exist_ok=True,
@@ -161,8 +164,11 @@ def validate(weights: str | Path, data_yaml: str | Path, coco_json: str | Path |
     report = {"mAP50": float(metrics.box.map50), "mAP50-95": float(metrics.box.map),
               "coco_mAP50": None, "coco_mAP50-95": None, "per_class": per_class,
               "params_total": total, "params_trainable": trainable, "imgsz": imgsz, "weights": str(Path(weights).resolve()),
-              "save_dir": str(save_dir)}
+              "save_dir": str(save_dir), "images_skipped": len(skipped), "skipped_images": skipped}
     sidecar = _sidecar_for(data_yaml, split, coco_json, names, split_dir(data_yaml, data, split))
+    if sidecar is not None and skipped:  # pycocotools scores the same pages Ultralytics saw
+        gone = {Path(item["image"]).stem for item in skipped}
+        sidecar["image_ids"] = {stem: i for stem, i in sidecar["image_ids"].items() if stem not in gone}
     if cfg.val.coco and sidecar is not None:
         pred_file = save_dir / "predictions.json"
         preds = json.loads(pred_file.read_text()) if pred_file.is_file() else []

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,12 +24,14 @@ from ultralytics.utils.files import increment_path  # noqa: E402
 
 from gsdistill.config import save_config, to_dict  # noqa: E402
 from gsdistill.device import resolve_device as torch_device  # noqa: E402
-from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml  # noqa: E402
+from gsdistill.detect.backbone_folder import read_backbone_folder  # noqa: E402
+from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml, readable_data_yaml, skipped_images  # noqa: E402
 from gsdistill.detect.evaluate import param_counts, validate  # noqa: E402,F401  (validate: public entry point)
 from gsdistill.detect.run_logging import add_run_callbacks  # noqa: E402
 from gsdistill.detect.safe_load import load_yolo, register_extra_globals, restricted_loading  # noqa: E402
 from gsdistill.detect.modules import BACKBONE_LAYER, detector_yaml  # noqa: E402
-from gsdistill.models.backbone import backbone_kwargs, create_backbone, load_backbone, read_backbone_meta  # noqa: E402
+from gsdistill.models.backbone import backbone_kwargs, create_backbone, load_backbone  # noqa: E402
+from gsdistill.pretrain.config_checks import check_backbone  # noqa: E402
 
 
 def resolve_device(device: str | None) -> str:
@@ -42,7 +46,7 @@ def resolve_device(device: str | None) -> str:
 def _backbone(backbone_dir: str | Path | None, cfg: DictConfig) -> tuple[str, dict, torch.nn.Module]:
     """(timm name, timm kwargs, ViT with its weights): the exported one, or a random one from the config."""
     if backbone_dir:
-        meta = read_backbone_meta(backbone_dir)  # clear error when the folder is not an export
+        meta = read_backbone_folder(backbone_dir)  # clear error when the folder is not an export
         return meta["model_name"], meta["kwargs"], load_backbone(backbone_dir)  # wrong shapes: clear error
     spec = to_dict(cfg.random_backbone) if isinstance(cfg, DictConfig) else dict(cfg["random_backbone"])
     return spec["name"], backbone_kwargs(spec), create_backbone(spec)
@@ -185,16 +189,61 @@ def _train_head(cfg: DictConfig, callbacks: dict[str, list] | None) -> Path:
     if not cfg.data:
         raise ValueError("detect train: set data=<data YAML> (make one with `gsdistill detect convert`)")
     data = read_data_yaml(cfg.data)
-    if cfg.data_check.enabled:
-        check_yolo_dataset(cfg.data, allow_empty_labels=bool(cfg.data_check.allow_empty_labels))
+    _check_model_source(cfg)
+    report = check_training_data(cfg)
     run_dir = Path(increment_path(Path(cfg.project).resolve() / cfg.name))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir)
-    weights = Path(cfg.model) if cfg.model else export_detector(cfg.backbone, data["names"], cfg,
-                                                                run_dir / "init" / "detector.pt")
-    if not weights.is_file():
-        raise FileNotFoundError(f"model: {weights} does not exist (make one with `gsdistill detect export`)")
-    model = load_yolo(weights, safe=bool(cfg.safe_load))
-    _attach(model, run_dir, callbacks)
-    model.train(**train_args(cfg, str(Path(cfg.data).resolve()), run_dir))
+    with _removed_unless_resumable(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir)
+        train_data = record_data_check(report, cfg.data, run_dir)
+        weights = Path(cfg.model) if cfg.model else export_detector(cfg.backbone, data["names"], cfg,
+                                                                    run_dir / "init" / "detector.pt")
+        model = load_yolo(weights, safe=bool(cfg.safe_load))
+        _attach(model, run_dir, callbacks)
+        model.train(**train_args(cfg, str(Path(train_data).resolve()), run_dir))
     return run_dir
+
+
+def check_training_data(cfg: DictConfig) -> dict:
+    """The data check's report (``{}`` with ``data_check.enabled=false``)."""
+    if not cfg.data_check.enabled:
+        return {}
+    return check_yolo_dataset(cfg.data, allow_empty_labels=bool(cfg.data_check.allow_empty_labels))
+
+
+def record_data_check(report: dict, data_yaml: str | Path, run_dir: Path) -> Path:
+    """Write ``report`` into the run (``report.json`` lists its skips from there), say in one stderr
+    line what it skipped, and return the data YAML Ultralytics is to read (the readable images)."""
+    (run_dir / "data_check.json").write_text(json.dumps(report, indent=1))
+    skipped = skipped_images(report)
+    if skipped:
+        counts = ", ".join(f"{len(st['unreadable'])} of {st['images'] + len(st['unreadable'])} {split}"
+                           for split, st in report.items() if st["unreadable"])
+        first = skipped[0]
+        print(f"[detect] skipping {counts} images that do not decode (listed in {run_dir / 'report.json'}), "
+              f"e.g. {first['image']}: {first['reason']}", file=sys.stderr, flush=True)
+    return readable_data_yaml(data_yaml, report, run_dir / "data")
+
+
+def _check_model_source(cfg: DictConfig) -> None:
+    """What the detector starts from, checked before a run folder exists: the .pt, else the exported
+    backbone folder, else the random backbone's timm name and sizes."""
+    if cfg.model:
+        if not Path(cfg.model).is_file():
+            raise FileNotFoundError(f"model: {cfg.model} does not exist (make one with `gsdistill detect export`)")
+    elif cfg.backbone:
+        read_backbone_folder(cfg.backbone)
+    else:
+        check_backbone(to_dict(cfg.random_backbone), key="random_backbone")
+
+
+@contextlib.contextmanager
+def _removed_unless_resumable(run_dir: Path):
+    """A run that fails before its first checkpoint leaves no ``head_only-N`` folder behind (the next
+    run would take another number); one with ``weights/last.pt`` stays, to be resumed."""
+    try:
+        yield
+    except BaseException:
+        if not (run_dir / "weights" / "last.pt").is_file():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise

@@ -44,6 +44,11 @@ def _read_report(path: Path) -> dict:
         return {}
 
 
+def _skipped_images(run_dir: Path) -> list[dict]:
+    from gsdistill.detect.checks import skipped_images
+    return skipped_images(_read_report(run_dir / "data_check.json"))
+
+
 def add_run_callbacks(model, run_dir: Path) -> None:
     """Attach the gsdistill callbacks to an Ultralytics ``YOLO`` before ``train()``.
 
@@ -53,17 +58,20 @@ def add_run_callbacks(model, run_dir: Path) -> None:
     after each finished epoch; a resumed run starts from the count of the epoch it resumes after),
     ``imgsz``, ``batch``, ``nbs``, ``accumulate``, ``batches_per_epoch``, ``epochs_done``,
     ``train_seconds`` and the last validation ``metrics`` (after training: best.pt's, from the trainer's
-    final evaluation; none per epoch with ``val_during_training=false``).
+    final evaluation; none per epoch with ``val_during_training=false``), and the images the data check
+    skipped (``images_skipped``, ``skipped_images``: split, image and reason of each; from the run's
+    ``data_check.json``), so ``train_images`` never drops without a reason beside it.
     """
     report_path = run_dir / "report.json"
-    state: dict = {"steps": 0, "writer": None}
+    state: dict = {"steps": 0, "writer": None, "skipped": _skipped_images(run_dir)}
 
     def write_report(trainer) -> None:
         report = {"optimizer_steps": state["steps"], "steps_at_epoch": state["steps_at_epoch"],
                   "epochs_done": len(state["steps_at_epoch"]), "epochs": int(trainer.epochs),
                   "imgsz": int(trainer.args.imgsz), "batch": int(trainer.batch_size), "nbs": int(trainer.args.nbs),
                   "accumulate": int(state["accumulate"]), "batches_per_epoch": len(trainer.train_loader),
-                  "train_images": len(trainer.train_loader.dataset),
+                  "train_images": len(trainer.train_loader.dataset), "images_skipped": len(state["skipped"]),
+                  "skipped_images": state["skipped"],
                   "train_seconds": round(state["seconds_before"] + time.time() - state["t0"], 1),
                   "metrics": {k: float(v) for k, v in (trainer.metrics or {}).items()}}
         report_path.write_text(json.dumps(report, indent=1))

@@ -5,7 +5,8 @@
     gsdistill eval split SHARD_DIR --train-out DIR --eval-out DIR [--fraction 0.1] [--seed 0]
 
 ``retrieval`` refuses pages whose documents are in a model's pretraining shards (checked against
-the run's resolved config) unless ``--allow-overlap`` is given.
+the run's resolved config), or whose image or text is that of a pretraining page under another
+document name (a renamed copy), unless ``--allow-overlap`` is given.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from gsdistill.eval.model_folder import check_pretraining_folder
 from gsdistill.pretrain.run_folder import pretrain_source, run_config
 
 
@@ -37,16 +39,17 @@ def _retrieval(args: argparse.Namespace) -> int:
     if not pages_dir.exists():
         print(f"gsdistill eval retrieval: pages folder not found: {pages_dir}", file=sys.stderr)
         return 2
-    eval_docs = splits.document_ids(pages_dir) if not args.allow_overlap else set()
+    eval_index = splits.content_index(pages_dir) if not args.allow_overlap else (set(), {})
     out_dir = Path(args.out or cfg.out_dir)
     results, encoders = {}, {}
     for label, model_dir in zip(labels, map(Path, args.model)):
         run_cfg = run_config(model_dir)
+        check_pretraining_folder(model_dir, run_cfg)
         if not args.allow_overlap:
             train_shards, origin = pretrain_source(model_dir, run_cfg)
             if train_shards is not None:
-                splits.check_held_out(eval_docs, splits.document_ids(train_shards),
-                                      f"{pages_dir} vs the pretraining data of {model_dir} ({origin})")
+                splits.check_held_out_pages(eval_index, train_shards,
+                                            f"{pages_dir} vs the pretraining data of {model_dir} ({origin})")
         model_cfg = cfg
         if cfg.retrieval.image_size is None:  # the run's view size, through the loader as any setting
             size = int((run_cfg.get("views") or {}).get("global_size") or 224)

@@ -8,6 +8,7 @@ them (at least one, at most all but one) held out.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Iterable
@@ -47,6 +48,51 @@ def check_held_out(eval_doc_ids: Iterable[str], pretrain_doc_ids: Iterable[str],
         listed = ", ".join(shared[:5]) + (f" and {len(shared) - 5} more" if len(shared) > 5 else "")
         raise ValueError(f"{what or 'evaluation pages'}: {len(shared)} document(s) also in the "
                          f"pretraining data ({listed}); split by document first (gsdistill eval split)")
+
+
+MIN_TEXT_CHARS = 50  # a page with less text (a blank page, a page number) is not recognised by its text
+
+
+def page_fingerprints(page: dict) -> list[str]:
+    """Content keys of a page, so that it is recognised under another document name (a renamed copy
+    of a PDF): the hash of its image bytes (unless nothing on it is labelled: blank pages look alike)
+    and of its text (when it has at least ``MIN_TEXT_CHARS`` letters)."""
+    keys = []
+    if page.get("spans") or page.get("boxes"):
+        image = page["image"] if isinstance(page["image"], bytes) else b""
+        if image:
+            keys.append("image:" + hashlib.sha256(image).hexdigest())
+    text = " ".join(" ".join(str(s.get("text") or "") for s in page.get("spans") or []).split())
+    if sum(not c.isspace() for c in text) >= MIN_TEXT_CHARS:
+        keys.append("text:" + hashlib.sha256(text.encode("utf-8")).hexdigest())
+    return keys
+
+
+def content_index(shard_dir: str | Path) -> tuple[set[str], dict[str, str]]:
+    """(document ids, content key -> ``doc_id/page id``) of a shard folder, in one pass (images are
+    read as bytes, never decoded)."""
+    from gsdistill.tuples.shards import ShardDataset
+    docs, keys = set(), {}
+    for page in ShardDataset(shard_dir, decode_images=False):
+        doc = page_doc_id(page)
+        docs.add(doc)
+        for key in page_fingerprints(page):
+            keys.setdefault(key, f"{doc}/{page['id']}")
+    return docs, keys
+
+
+def check_held_out_pages(eval_index: tuple[set[str], dict[str, str]], pretrain_dir: str | Path, what: str) -> None:
+    """ValueError when evaluation pages share a document name, or a page's image or text, with the
+    pretraining pages of ``pretrain_dir`` (``eval_index``: :func:`content_index` of the evaluation pages)."""
+    train_docs, train_keys = content_index(pretrain_dir)
+    check_held_out(eval_index[0], train_docs, what)
+    same = sorted((page, train_keys[key]) for key, page in eval_index[1].items() if key in train_keys)
+    if same:
+        pairs = sorted({f"{a} = {b}" for a, b in same})
+        listed = ", ".join(pairs[:3]) + (f" and {len(pairs) - 3} more" if len(pairs) > 3 else "")
+        raise ValueError(f"{what}: {len(pairs)} evaluation page(s) have the same image or text as pretraining "
+                         f"pages under another document name ({listed}): a renamed copy of a pretraining "
+                         "document? Remove it from the evaluation pages (--allow-overlap skips this check)")
 
 
 def split_shards(shard_dir: str | Path, train_dir: str | Path, eval_dir: str | Path,

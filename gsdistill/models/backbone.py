@@ -16,6 +16,8 @@ import timm
 import torch
 from safetensors.torch import load_file, save_file
 
+from gsdistill.errors import CorruptFileError, corrupt
+
 FORMAT = "gsdistill-backbone/1"
 WEIGHTS, META = "backbone.safetensors", "backbone.json"
 
@@ -65,7 +67,13 @@ def read_backbone_meta(path: str | Path) -> dict:
     meta_path = folder / META
     if not meta_path.is_file():
         raise FileNotFoundError(f"{folder}: no {META}; is this an exported backbone folder?")
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise corrupt(meta_path, e, "JSON") from None
+    if not isinstance(meta, dict):
+        raise CorruptFileError(f"{meta_path}: not a backbone description (a JSON object with format, "
+                               "model_name and kwargs)")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
     return meta

@@ -231,6 +231,16 @@ def plot(agg: list[dict], path: Path) -> Path:
     return bar_plot(path, [a["label"] for a in agg], columns)
 
 
+def check_row_configs(cfg, rows: list[dict]) -> None:
+    """Each pretraining row's config values, before any data is made (a bad row fails at once, not
+    hours into the rows before it)."""
+    from gsdistill.config import load_config
+    from gsdistill.pretrain.config_checks import check_pretrain_config
+    for row in rows:
+        if row["experiment"] != RANDOM:
+            check_pretrain_config(load_config("pretrain", row["experiment"], layers=[cfg.pretrain]))
+
+
 def run_ablation(cfg, wanted: list[str] | None = None) -> Path:
     """Run every selected (row, seed) not yet in ``out_dir/results.csv``; write table and plot."""
     from gsdistill.config import save_config, to_dict
@@ -243,6 +253,7 @@ def run_ablation(cfg, wanted: list[str] | None = None) -> Path:
     pending = [(row, int(s)) for row in rows for s in cfg.seeds if (row["experiment"], str(s)) not in done]
     scale = "; ".join(settings(cfg.pretrain, "pretrain.") + settings(cfg.detect, "detect."))
     if pending:
+        check_row_configs(cfg, [row for row, _ in pending])
         data_yaml, eval_pages = detection_set(cfg, out_dir), retrieval_pages(cfg)
     for i, (row, seed) in enumerate(pending):
         print(f"[ablate] {i + 1}/{len(pending)}: {row['label']} (seed {seed})", file=sys.stderr)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from gsdistill.retriever.data import RetrievalData, passage_text, read_jsonl, require
+from gsdistill.retriever.data import RetrievalData, open_text, passage_text, read_jsonl, require
 
 QUERY_COLUMNS = {"query-id", "query_id", "queryid", "qid", "query", "topic", "topic_id", "topic-id"}
 DOC_COLUMNS = {"corpus-id", "corpus_id", "doc-id", "doc_id", "docid", "docno", "document", "pid", "passage_id"}
@@ -36,7 +36,7 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, float]]:
     if not path.is_file():
         raise ValueError(f"{path}: qrels file not found")
     qrels: dict[str, dict[str, int]] = {}
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for n, line in enumerate(f, 1):
             parts = line.strip().split("\t") if "\t" in line else line.split()
             if not parts or not line.strip():

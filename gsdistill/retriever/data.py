@@ -10,9 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, TextIO
+
+# "utf-8-sig": a byte-order mark that Excel or Notepad put first is not part of the first field
+# (it made a qrels header a bad grade, and the first judgement's query id unknown)
+TEXT_ENCODING = "utf-8-sig"
 
 
 @dataclass
@@ -66,9 +71,20 @@ class RetrievalData:
                              f"and queries; skipped: {dict(self.skipped)})")
 
 
+@contextmanager
+def open_text(path: str | Path) -> Iterator[TextIO]:
+    """A UTF-8 text file to read (a leading byte-order mark dropped); bytes that are not UTF-8 are a
+    ValueError naming the file, also when they come up while the caller reads."""
+    try:
+        with open(path, encoding=TEXT_ENCODING) as f:
+            yield f
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     """``(line number, object)`` per non-empty line; bad JSON -> ValueError naming file and line."""
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -10,7 +10,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from gsdistill.retriever.data import CorpusBuilder, RetrievalData, passage_text, require
+from gsdistill.retriever.data import CorpusBuilder, RetrievalData, open_text, passage_text, require
 
 
 def load_dpr(path: str | Path) -> RetrievalData:
@@ -18,7 +18,8 @@ def load_dpr(path: str | Path) -> RetrievalData:
     if not path.is_file():
         raise ValueError(f"{path}: DPR file not found")
     try:
-        items = json.loads(path.read_text(encoding="utf-8"))
+        with open_text(path) as f:
+            items = json.load(f)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(items, list):

@@ -15,7 +15,7 @@ import torch
 
 from gsdistill.eval import metrics
 from gsdistill.eval.index import search
-from gsdistill.retriever.data import RetrievalData
+from gsdistill.retriever.data import RetrievalData, open_text
 from gsdistill.retriever.model import DualEncoder
 
 
@@ -55,7 +55,7 @@ def write_trec_run(run: dict[str, dict[str, float]], path: str | Path, tag: str 
 
 def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
     run: dict[str, dict[str, float]] = {}
-    with open(path) as f:
+    with open_text(path) as f:
         for n, line in enumerate(f, 1):
             parts = line.split()
             if len(parts) != 6:

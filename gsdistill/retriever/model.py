@@ -161,11 +161,19 @@ class DualEncoder(nn.Module):
         path = Path(path)
         if not (path / CONFIG_NAME).is_file():
             raise ValueError(f"{path}: not a saved dual encoder (no {CONFIG_NAME})")
-        s = json.loads((path / CONFIG_NAME).read_text())
-        kwargs = dict(shared=s["shared"], pooling=s["pooling"], normalize=s["normalize"],
-                      temperature=s["temperature"], learn_temperature=s["learn_temperature"],
-                      query_max_length=s["query_max_length"], passage_max_length=s["passage_max_length"],
-                      freeze_passage=s["freeze_passage"], train_top_layers=s.get("train_top_layers", -1))
+        try:
+            s = json.loads((path / CONFIG_NAME).read_text(encoding="utf-8"))
+            if not isinstance(s, dict):
+                raise ValueError(f"a {type(s).__name__}, not an object")
+        except ValueError as e:  # JSON and UTF-8 errors name no file
+            raise ValueError(f"{path / CONFIG_NAME}: damaged ({type(e).__name__}: {e}); save the model again") from None
+        try:
+            kwargs = dict(shared=s["shared"], pooling=s["pooling"], normalize=s["normalize"],
+                          temperature=s["temperature"], learn_temperature=s["learn_temperature"],
+                          query_max_length=s["query_max_length"], passage_max_length=s["passage_max_length"],
+                          freeze_passage=s["freeze_passage"], train_top_layers=s.get("train_top_layers", -1))
+        except KeyError as e:
+            raise ValueError(f"{path / CONFIG_NAME}: no {e} setting; save the model again") from None
         kwargs.update(overrides)
         query_path = path / "query_encoder" if (path / "query_encoder").is_dir() else path  # older saves: subfolder
         model = cls(str(query_path), _passage_path=None if s["shared"] else str(path / "passage_encoder"), **kwargs)

@@ -24,14 +24,14 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from gsdistill.tuples.build_inputs import KINDS, _doc_id, input_files, ocr_function, per_file  # noqa: F401 (API)
-from gsdistill.tuples.errors import DataError
+from gsdistill.tuples.errors import DataError, writing
 
 log = logging.getLogger("gsdistill.tuples")
 
 
 def write_skips_csv(manifest: dict, out_dir: Path) -> Path:
     path = out_dir / "skipped.csv"
-    with path.open("w", newline="") as fh:
+    with writing(path), path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["source", "reason"])
         for item in manifest["skipped"]:
@@ -90,12 +90,17 @@ def build_shards(kind: str, source: str | Path, out_dir: str | Path, cfg: DictCo
     """Build ``kind`` pages from ``source`` into shards in ``out_dir``; return the manifest.
     Runs on ``build.engine`` with ``build.workers``; resumes a build of the same plan in ``out_dir``."""
     from gsdistill.tuples.build_engines import run_units
-    from gsdistill.tuples.build_plan import make_plan
+    from gsdistill.tuples.build_plan import check_build_config, make_plan
+    from gsdistill.tuples.build_units import UNITS_DIR
     if kind not in KINDS:
         raise DataError(f"unknown builder {kind!r}; choose one of {', '.join(KINDS)}")
+    check_build_config(cfg)
     out = Path(out_dir).absolute()  # the same folder for workers on other machines (a shared filesystem)
-    plan = make_plan(kind, source, cfg)
-    records = _done_units(out, plan)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: --out is an existing file, not a folder; name a new or an existing folder")
+    plan = make_plan(kind, source, cfg, exclude=out)
+    with writing(out / UNITS_DIR):
+        records = _done_units(out, plan)
     settings = OmegaConf.to_container(cfg, resolve=True)
     jobs = [{"kind": kind, "source": plan["source"], "cfg": settings, "unit": u, "pieces": pieces, "out": str(out)}
             for u, pieces in enumerate(plan["units"]) if u not in records]

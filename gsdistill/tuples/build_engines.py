@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from gsdistill.threads import available_cores
 from gsdistill.tuples.build_units import build_unit
 from gsdistill.tuples.errors import DataError
+from gsdistill.tuples.worker_guard import exit_with_parent
 
 ENGINES = ("local", "ray")
 
@@ -42,6 +43,13 @@ def build_unit_single_threaded(job: dict) -> dict:
     return build_unit(job)
 
 
+def start_pool_worker(parent_pid: int) -> None:
+    """A pool worker's initializer: single-threaded, and ended with the build's main process (a
+    killed build leaves no worker behind; its next run resumes)."""
+    exit_with_parent(parent_pid)
+    single_threaded()
+
+
 def run_local(jobs: list[dict], workers: int) -> Iterator[dict]:
     """Units in this process (``workers`` 1) or in a pool of ``workers`` single-threaded processes."""
     if workers <= 1 or len(jobs) <= 1:
@@ -49,9 +57,15 @@ def run_local(jobs: list[dict], workers: int) -> Iterator[dict]:
         return
     # fork where there is one: workers start at once with this process's imports and settings
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=single_threaded) as pool:
-        for future in as_completed([pool.submit(build_unit, job) for job in jobs]):
-            yield future.result()
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=start_pool_worker,
+                             initargs=(os.getpid(),)) as pool:
+        futures = [pool.submit(build_unit, job) for job in jobs]
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        finally:  # a failed unit (a full disk) or a stop: do not build the rest first
+            for future in futures:
+                future.cancel()
 
 
 def import_ray():

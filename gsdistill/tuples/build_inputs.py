@@ -12,14 +12,20 @@ from gsdistill.tuples.errors import DataError, SkipLog
 KINDS = ("pdf", "images", "coco", "docbank", "synthetic")
 
 
-def input_files(root: Path, suffixes: set[str], skips: SkipLog, limit: int | None = None) -> list[Path]:
-    """Files under ``root`` with one of ``suffixes`` (sorted); every other file is a recorded skip."""
+def input_files(root: Path, suffixes: set[str], skips: SkipLog, limit: int | None = None,
+                exclude: Path | None = None) -> list[Path]:
+    """Files under ``root`` with one of ``suffixes`` (sorted); every other file is a recorded skip.
+    Hidden files and the folder ``exclude`` (the build's output, when it lies inside ``root``: its
+    shards must not become inputs of the next run) are left out."""
     if root.is_file():
         files = [root]
     elif root.is_dir():
-        files = sorted(p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+        files = sorted(p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+                       and not (exclude is not None and Path(exclude) in p.parents))
     else:
         raise DataError(f"{root}: no such file or folder")
+    if not files:
+        raise DataError(f"{root}: empty folder, no input files in it")
     keep = []
     for f in files:
         if f.suffix.lower() in suffixes:

@@ -55,6 +55,27 @@ def build_settings(cfg: DictConfig) -> dict:
     return settings
 
 
+LETTER_PT = (612, 792)  # a US-letter page in PDF points: the page size the dpi limit is stated for
+
+
+def max_dpi(max_pixels: int) -> int:
+    """The highest ``pdf.dpi`` at which a US-letter page renders to at most ``max_pixels`` pixels."""
+    return int(72 * (max_pixels / (LETTER_PT[0] * LETTER_PT[1])) ** 0.5)
+
+
+def check_build_config(cfg: DictConfig) -> None:
+    """Ranges the comments of ``configs/tuples/default.yaml`` cannot state (an upper bound), checked
+    before any input is read: a value that would make every page a recorded skip is refused."""
+    from gsdistill.config import ConfigError
+    dpi, top = int(cfg.pdf.dpi), max_dpi(int(cfg.pdf.max_pixels))
+    if dpi > top:
+        raise ConfigError(f"pdf.dpi (--dpi) must be 18..{top}, got {dpi}: at more dpi a US-letter page renders "
+                          f"to over pdf.max_pixels={cfg.pdf.max_pixels} pixels and every page would be skipped as "
+                          f"'huge page' (raise pdf.max_pixels to render finer)")
+    if int(cfg.build.jpeg_quality) > 100:
+        raise ConfigError(f"build.jpeg_quality must be 1..100, got {cfg.build.jpeg_quality}")
+
+
 def _pdf_page_count(path: Path, max_page_count: int) -> tuple[int, str | None]:
     """(pages, None) or (0, why the PDF is refused: the builder's own checks, ``open_pdf``)."""
     from gsdistill.tuples.pdf import open_pdf
@@ -70,29 +91,33 @@ def _pdf_page_count(path: Path, max_page_count: int) -> tuple[int, str | None]:
 def _pdf_page_counts(files: list[Path], max_page_count: int, workers: int | None) -> list[tuple[int, str | None]]:
     """Page counts of ``files`` in order, on this machine's cores (~9 ms a PDF: ~3 minutes for 20K
     PDFs on one core, as long as building them on 64)."""
+    import os
     from concurrent.futures import ProcessPoolExecutor
     from functools import partial
 
     from gsdistill.threads import available_cores
+    from gsdistill.tuples.build_engines import start_pool_worker
     count = partial(_pdf_page_count, max_page_count=max_page_count)
     workers = min(int(workers) if workers else available_cores(), available_cores())
     if workers <= 1 or len(files) < 64:  # a pool costs more than it saves on a few files
         return [count(f) for f in files]
-    with ProcessPoolExecutor(workers) as pool:
+    with ProcessPoolExecutor(workers, initializer=start_pool_worker, initargs=(os.getpid(),)) as pool:
         return list(pool.map(count, files, chunksize=16))
 
 
-def _pieces(kind: str, source: str, cfg: DictConfig, skips: SkipLog) -> list[Piece]:
+def _pieces(kind: str, source: str, cfg: DictConfig, skips: SkipLog, exclude: Path | None) -> list[Piece]:
     limit = cfg.build.limit
     if kind == "synthetic":
         try:
             n = int(str(source))
         except ValueError:
-            raise DataError(f"--from synthetic takes the number of pages as INPUT, got {source!r}") from None
+            n = 0
+        if n < 1:
+            raise DataError(f"--from synthetic takes the number of pages (>= 1) as INPUT, got {source!r}")
         return [Piece(None, None, 0, n)]
     root = Path(source)
     if kind == "pdf":
-        files = input_files(root, {".pdf"}, skips, limit)
+        files = input_files(root, {".pdf"}, skips, limit, exclude)
         pieces = []
         for f, (count, error) in zip(files, _pdf_page_counts(files, int(cfg.pdf.max_page_count), cfg.build.workers)):
             if error is not None:
@@ -105,7 +130,7 @@ def _pieces(kind: str, source: str, cfg: DictConfig, skips: SkipLog) -> list[Pie
         if not cfg.ocr.enabled:
             raise DataError("--from images needs OCR for its text; ocr.enabled is false")
         return [Piece(str(f), _doc_id(root, f), 0, 1, splittable=False, stamp=_stamp(f))
-                for f in input_files(root, IMAGE_SUFFIXES, skips, limit)]
+                for f in input_files(root, IMAGE_SUFFIXES, skips, limit, exclude)]
     if kind == "coco":
         from gsdistill.tuples.coco import read_coco
         files = [root] if root.is_file() else sorted([*root.glob("*.json"), *root.glob("COCO/*.json")])
@@ -123,6 +148,7 @@ def _pieces(kind: str, source: str, cfg: DictConfig, skips: SkipLog) -> list[Pie
         if not root.exists():
             raise DataError(f"{root}: no such file or folder")
         files = [root] if root.is_file() else sorted(p for p in root.rglob("*.txt") if not p.name.startswith("labels"))
+        files = files[:limit] if limit else files
         base = Path(cfg.docbank.images_dir) if cfg.docbank.images_dir else (root.parent if root.is_file() else root)
         images = _image_index(base) or (_image_index(base.parent) if root.is_file() else {})
         return [Piece(str(f), None, 0, 1, splittable=False, image=str(images[f.stem]) if f.stem in images else None,
@@ -153,13 +179,14 @@ def pack_units(pieces: list[Piece], pages_per_shard: int, max_pages: int | None 
     return units + ([unit] if unit else [])
 
 
-def make_plan(kind: str, source: str | Path, cfg: DictConfig) -> dict:
-    """``{kind, source, settings, skipped (inputs refused while planning), units: [[piece, ...], ...]}``."""
+def make_plan(kind: str, source: str | Path, cfg: DictConfig, exclude: Path | None = None) -> dict:
+    """``{kind, source, settings, skipped (inputs refused while planning), units: [[piece, ...], ...]}``;
+    ``exclude``: a folder inside the input never read as input (the build's own output folder)."""
     if kind not in KINDS:
         raise DataError(f"unknown builder {kind!r}; choose one of {', '.join(KINDS)}")
     skips = SkipLog()
     source = str(source) if kind == "synthetic" else str(Path(source).absolute())
-    pieces = _pieces(kind, source, cfg, skips)
+    pieces = _pieces(kind, source, cfg, skips, exclude)
     b = cfg.build
     units = pack_units(pieces, int(b.pages_per_shard), None if b.max_pages is None else int(b.max_pages))
     plan = {"kind": kind, "source": source, "settings": build_settings(cfg), "skipped": list(skips),

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gsdistill.tuples.build_inputs import per_file
 from gsdistill.tuples.build_plan import Piece
-from gsdistill.tuples.errors import SkipLog
+from gsdistill.tuples.errors import SkipLog, writing
 from gsdistill.tuples.shard_writer import PageStats, _add, accept_page, page_members, sample_key
 
 UNITS_DIR = "units"
@@ -48,8 +48,9 @@ def file_sha256(path: Path) -> str:
 def write_atomic(path: Path, data: bytes) -> None:
     """Write beside ``path`` under a name of this process, then rename: readers see all or nothing."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    with writing(path):
+        tmp.write_bytes(data)
+        tmp.replace(path)
 
 
 def piece_pages(kind: str, source: str, piece: Piece, cfg: DictConfig, skips: SkipLog, ocr) -> Iterator[dict]:
@@ -58,7 +59,8 @@ def piece_pages(kind: str, source: str, piece: Piece, cfg: DictConfig, skips: Sk
         from gsdistill.tuples.synthetic import generate_pages
         s = cfg.synthetic
         return generate_pages(piece.count, seed=int(s.seed), width=int(s.width), height=int(s.height),
-                              start=piece.first, pages_per_doc=int(s.pages_per_doc))
+                              start=piece.first, pages_per_doc=int(s.pages_per_doc),
+                              text_scale=float(s.text_scale))
     if kind == "pdf":
         from gsdistill.tuples.pdf import pdf_pages
         p = cfg.pdf
@@ -96,7 +98,7 @@ def build_unit(job: dict) -> dict:
     skips, seen, stats, page_ids = SkipLog(), set(), PageStats(), []
     shard = out / shard_name(unit)
     tmp = shard.with_name(f"{shard.name}.{os.getpid()}.tmp")
-    with tarfile.open(tmp, "w") as tar:
+    with writing(shard), tarfile.open(tmp, "w") as tar:
         pages = per_file(pieces, lambda p: piece_pages(kind, job["source"], p, cfg, skips, ocr), skips,
                          name=lambda p: p.file or "synthetic")
         for page in pages:

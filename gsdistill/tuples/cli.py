@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from gsdistill.tuples.errors import DataError
+from gsdistill.errors import GsdistillError
+from gsdistill.tuples.errors import DataError, writing
 
 # flag -> config key it sets
 _FLAG_KEYS = {"dpi": "pdf.dpi", "pages_per_shard": "build.pages_per_shard", "max_pages": "build.max_pages",
@@ -44,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=int, help="use only the first N input files")
     b.add_argument("--image-format", choices=["png", "jpg"])
     b.add_argument("--no-ocr", action="store_true", help="never run Tesseract (ocr.enabled=false)")
-    b.add_argument("--workers", type=int, help="shards built at once (build.workers; default: the cores it may use)")
+    b.add_argument("--workers", type=int, help="shards built at once, >= 1 (build.workers; default: the cores it may use)")
     b.add_argument("--engine", choices=["local", "ray"], help="local process pool or Ray tasks (build.engine)")
     b.add_argument("--ray-address", help="engine ray: address of a running Ray cluster (build.ray_address)")
     e = sub.add_parser("embed", help="cache text-encoder embeddings of spans and box descriptors",
@@ -54,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--encoder", default=None, help="Hugging Face name/path (default all-MiniLM-L6-v2)")
     e.add_argument("--batch-size", type=int)
     e.add_argument("--workers", dest="embed_workers", type=int,
-                   help="CPU encoder processes, each with cores/N torch threads (embed.workers)")
+                   help="CPU encoder processes (>= 1), each with cores/N torch threads (embed.workers)")
     e.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
     i = sub.add_parser("info", help="summarise a shard folder (pages, classes, skips, cache)")
     i.add_argument("shard_dir")
@@ -93,14 +94,18 @@ def _build(args) -> int:
     out = Path(args.out)
     t0 = time.time()
     manifest = build_shards(args.kind, args.input, out, cfg)
-    save_config(cfg, out)
+    with writing(out / "config.yaml"):
+        save_config(cfg, out)
     dt = time.time() - t0
     print(f"{manifest['pages']} pages ({manifest['documents']} documents) in {len(manifest['shards'])} shards -> {out} "
           f"[{dt:.1f} s, {manifest['pages'] / max(dt, 1e-9):.2f} pages/s]")
     print("\n".join(class_table(manifest)))
     if manifest["skipped_count"]:
         print(f"skipped {manifest['skipped_count']} inputs (see {out / 'skipped.csv'}): {manifest['skip_reasons']}")
-    return 0 if manifest["pages"] else 1
+    if not manifest["pages"]:  # nothing to train on is a data error, said in one line
+        raise DataError(f"{args.input}: no page could be built; {manifest['skipped_count']} inputs skipped "
+                        f"{manifest['skip_reasons']} (see {out / 'skipped.csv'})")
+    return 0
 
 
 def _embed(args) -> int:
@@ -145,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     args = _parser().parse_args([a for a in argv if a not in overrides])
     args.overrides = overrides
+    from gsdistill.config import ConfigError
     try:
         return {"build": _build, "embed": _embed, "info": _info}[args.cmd](args)
-    except DataError as e:
-        print(f"gsdistill tuples {args.cmd}: error: {e}", file=sys.stderr)
-        return 1
+    except GsdistillError as e:  # bad input or config: one line naming the file or key, exit code 2 as every stage
+        kind = "config error" if isinstance(e, ConfigError) else "error"
+        print(f"gsdistill tuples {args.cmd}: {kind}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2

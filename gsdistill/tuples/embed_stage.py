@@ -13,8 +13,10 @@ layer never imports the models package.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,10 +27,12 @@ from tqdm import tqdm
 from gsdistill.threads import available_cores
 from gsdistill.tuples.descriptors import DESCRIPTOR_VERSION
 from gsdistill.tuples.encode_pool import EncoderPool
-from gsdistill.tuples.shards import decode_sample, iter_tar, list_shards
-from gsdistill.tuples.text_cache import (FIELDS, CacheWriter, cache_key, cached_fields, checked_format, page_texts,
-                                         read_meta, same_key, shard_fingerprints)
+from gsdistill.tuples.errors import DataError
+from gsdistill.tuples.shards import decode_sample, iter_tar, list_shards, shard_digest
+from gsdistill.tuples.text_cache import (FIELDS, CacheWriter, cache_key, checked_format, page_texts, read_meta,
+                                         reusable_fields)
 
+log = logging.getLogger("gsdistill.tuples")
 MEMO_TEXTS = 32_768  # recent distinct texts whose vectors are kept: ~50 MB at MiniLM's 384 dims
 
 
@@ -42,6 +46,7 @@ class EmbedReport:
     encoded: int = 0
     seconds: float = 0.0
     reused: bool = False
+    discarded: str = ""  # what of an older cache was thrown away, in one line ("" if nothing)
 
     @property
     def repeat_share(self) -> float:
@@ -109,39 +114,54 @@ def embed_shards(shard_dir: str | Path, make_encoder: Callable, encoder: str, ba
     objective reads) of every page of ``shard_dir`` with ``make_encoder(encoder, device=...)``.
 
     Box descriptors are written in ``descriptor_format`` (default ``DESCRIPTOR_VERSION``; unknown
-    names raise ConfigError). A current cache (same encoder, descriptor format, max_spans and
-    shards) holding ``fields`` is reused; one missing only some fields (the whole-page texts a
-    single-positive row asks for later) gets just those added; anything else is rebuilt. On the
-    CPU, ``workers`` processes of ``cores // workers`` torch threads encode side by side.
-    ``precision`` (``fp32``, ``bf16``: see ``TextEncoder``) is part of the cache key.
+    names raise ConfigError). The cache is keyed by the settings (encoder, descriptor format,
+    max_spans, ``precision``: fp32, bf16, see ``TextEncoder``) and each shard's content digest: a
+    shard whose digest and settings match keeps its vectors (only fields it lacks, such as the
+    whole-page texts a single-positive row asks for later, are added); a changed shard is embedded
+    again, and a changed setting (or ``force``) embeds everything; what is thrown away is logged in
+    one line (``EmbedReport.discarded``). On the CPU, ``workers`` processes of ``cores // workers``
+    torch threads encode side by side.
     """
     from gsdistill.device import resolve_device
 
     t0 = time.perf_counter()
     shard_dir = Path(shard_dir)
     fmt = checked_format(descriptor_format or DESCRIPTOR_VERSION)
-    fields = tuple(f for f in FIELDS if f in (fields or FIELDS))  # canonical order
     files = list_shards(shard_dir)
-    key = cache_key(encoder, fmt, max_spans, shard_fingerprints(files), precision)
-    meta = read_meta(shard_dir)
-    kept = cached_fields(meta) if not force and same_key(meta, key) else ()
-    report = EmbedReport(shard_dir)
-    if set(fields) <= set(kept):
+    if not files:
+        raise DataError(f"{shard_dir}: no shard to embed (the build kept no page; see its skipped.csv)")
+    key = cache_key(encoder, fmt, max_spans, {f.name: shard_digest(f) for f in files}, precision)
+    try:
+        meta = read_meta(shard_dir)
+    except DataError as e:  # a damaged meta.json: nothing of the cache can be trusted
+        meta, damaged = None, f"threw away the text embeddings cache: {e}"
+    else:
+        damaged = ""
+    kept, discarded = reusable_fields(meta, key, force)
+    # every shard ends with the same fields: the wanted ones, plus those the kept shards hold
+    wanted = tuple(f for f in FIELDS if f in (fields or FIELDS) or any(f in k for k in kept.values()))
+    todo = {f: tuple(x for x in wanted if x not in kept.get(f.name, ())) for f in files}
+    report = EmbedReport(shard_dir, discarded=damaged or discarded)
+    if not report.discarded and not any(todo.values()):
         report.reused = True
         return report
-    todo = tuple(f for f in fields if f not in kept)
-    dev = str(resolve_device(device, key="embed.device"))
-    writer, memo = CacheWriter(shard_dir), RecentVectors(memo_texts)
+    if report.discarded:
+        log.warning("%s: %s", shard_dir, report.discarded)
+    writer, memo = CacheWriter(shard_dir, [f.stem for f in files]), RecentVectors(memo_texts)
     threads = max(1, available_cores() // max(1, int(workers)))
-    with EncoderPool(make_encoder, encoder, dev, workers, threads, batch_size, precision) as pool:
-        for f in tqdm(files, desc=f"embed {shard_dir.name} ({encoder})", unit="shard", disable=not progress):
+    encoding = any(todo.values())
+    dev = str(resolve_device(device, key="embed.device")) if encoding else "cpu"
+    with EncoderPool(make_encoder, encoder, dev, workers, threads, batch_size, precision) if encoding \
+            else nullcontext() as pool:
+        for f in tqdm([f for f in files if todo[f]], desc=f"embed {shard_dir.name} ({encoder})", unit="shard",
+                      disable=not progress):
             pages = _shard_pages(f)
-            arrays = writer.read_shard(f.stem) if kept else {}
-            new, written, encoded = embed_pages(pages, todo, pool.encode, memo, pool.dim, max_spans, fmt)
+            arrays = writer.read_shard(f.stem) if kept.get(f.name) else {}
+            new, written, encoded = embed_pages(pages, todo[f], pool.encode, memo, pool.dim, max_spans, fmt)
             arrays.update(new)
             writer.write_shard(f.stem, arrays)
             report.pages, report.texts, report.encoded = (report.pages + len(pages), report.texts + written,
                                                           report.encoded + encoded)
-        writer.finish(key, pool.dim, kept + todo)
+        writer.finish(key, pool.dim if encoding else meta["dim"], wanted)
     report.seconds = time.perf_counter() - t0
     return report

@@ -20,6 +20,8 @@ from typing import Callable
 
 import numpy as np
 
+from gsdistill.tuples.worker_guard import exit_with_parent
+
 _worker_encoder = None  # the encoder of a worker process, built once by its initializer
 _worker_error: Exception | None = None  # why it could not be built: raised by the worker's first task
 # A worker's memory creeps up with the texts it has encoded (oneDNN keeps kernels per input shape,
@@ -37,7 +39,10 @@ def _release_heap() -> None:
         pass
 
 
-def _start_worker(make_encoder: Callable, name: str, threads: int, precision: str) -> None:
+def _start_worker(make_encoder: Callable, name: str, threads: int, precision: str, parent_pid: int) -> None:
+    # a thread, not the kernel's death signal: multiprocessing.Pool starts replacement workers from
+    # a handler thread that ends before they do (see worker_guard)
+    exit_with_parent(parent_pid, kernel_signal=False)
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")  # read when oneDNN first runs: not yet
     import torch
     global _worker_encoder, _worker_error
@@ -87,7 +92,7 @@ class EncoderPool:
             # forked child a broken OpenMP pool
             ctx = multiprocessing.get_context("spawn")
             self._pool = ctx.Pool(self.workers, initializer=_start_worker, maxtasksperchild=PIECES_PER_WORKER,
-                                  initargs=(make_encoder, name, int(threads), precision))
+                                  initargs=(make_encoder, name, int(threads), precision, os.getpid()))
             try:
                 self.dim = int(self._pool.apply(_worker_dim))
             except BaseException:

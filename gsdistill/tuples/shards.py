@@ -15,6 +15,7 @@ augmenting the pages it skips; images are decoded lazily.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -27,12 +28,13 @@ import torch
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
+from gsdistill.errors import corrupt
 from gsdistill.tuples.errors import DataError
 from gsdistill.tuples.shard_split import ShardPart, batches_before, reader_page_count, reader_parts
 from gsdistill.tuples.shard_writer import FORMAT, MANIFEST, page_json, sample_key, write_shards
 
 __all__ = ["FORMAT", "MANIFEST", "ShardDataset", "decode_sample", "iter_tar", "list_shards", "page_json",
-           "read_manifest", "read_pages", "sample_key", "write_shards"]
+           "read_manifest", "read_pages", "sample_key", "shard_digest", "write_shards"]
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -40,9 +42,13 @@ def read_manifest(path: str | Path) -> dict:
     mpath = folder / MANIFEST
     if not mpath.is_file():
         raise DataError(f"{folder}: no {MANIFEST}; is this a shard directory (gsdistill tuples build)?")
-    manifest = json.loads(mpath.read_text())
-    if manifest.get("format") != FORMAT:
-        raise DataError(f"{mpath}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # truncated, overwritten, not UTF-8
+        raise corrupt(mpath, e, "manifest") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise DataError(f"{mpath}: format {found!r}, expected {FORMAT!r}")
     return manifest
 
 
@@ -85,15 +91,54 @@ def iter_tar(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
         yield key, parts
 
 
+# a shard whose bytes changed after its build no longer matches its build record: the build rebuilds it
+REBUILD_SHARD = "rebuild this shard (gsdistill tuples build with the same command)"
+
+
+def shard_digest(path: Path) -> str:
+    """sha256 of a shard's page records (every ``.json`` member, its name and bytes, in order): what
+    the texts of its pages are made of, so the text-embedding cache is keyed by it. Reads only the
+    tar headers and the json members (images are seeked over), a few ms a shard."""
+    h = hashlib.sha256()
+    try:
+        with _open_shard(Path(path)) as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
+            for member in tar:
+                if member.isfile() and member.name.endswith(".json"):
+                    h.update(member.name.encode() + b"\0" + tar.extractfile(member).read() + b"\0")
+    except (tarfile.TarError, OSError) as e:
+        raise DataError(f"{path}: unreadable shard ({type(e).__name__}: {e})") from None
+    return h.hexdigest()
+
+
+def _checked_image(img: bytes, ext: str, where: str) -> Image.Image:
+    """The page image, opened lazily (pixels are decoded on first use) after a check of its bytes: a
+    PNG's chunk checksums (no pixel decoding), a JPEG (no checksums) decoded at once."""
+    try:
+        if ext == "png":
+            Image.open(io.BytesIO(img)).verify()
+            return Image.open(io.BytesIO(img))
+        image = Image.open(io.BytesIO(img))
+        image.load()
+        return image
+    except Exception as e:  # OSError, SyntaxError ("broken PNG file"), DecompressionBombError, ...
+        raise DataError(f"{where}: damaged page image ({type(e).__name__}: {e}); {REBUILD_SHARD}") from None
+
+
 def decode_sample(key: str, parts: dict[str, bytes], source: str, decode_images: bool = True) -> dict:
+    """One page from its tar members; a damaged member is a DataError naming the shard and member."""
     if "json" not in parts:
         raise DataError(f"{source}: sample {key!r} has no .json member")
-    page = json.loads(parts["json"])
-    img = parts.get("png") or parts.get("jpg")
+    try:
+        page = json.loads(parts["json"])
+    except ValueError as e:  # bad UTF-8 or bad JSON: bytes overwritten inside the shard
+        raise DataError(f"{source}: member {key}.json is damaged ({type(e).__name__}: {e}); {REBUILD_SHARD}") from None
+    if not isinstance(page, dict):
+        raise DataError(f"{source}: member {key}.json holds a {type(page).__name__}, not a page record")
+    ext = "png" if "png" in parts else "jpg"
+    img = parts.get(ext)
     if img is None:
         raise DataError(f"{source}: sample {key!r} has no image member")
-    # Image.open reads only the header; pixels are decoded on first use (lazy decoding)
-    page["image"] = Image.open(io.BytesIO(img)) if decode_images else img
+    page["image"] = _checked_image(img, ext, f"{source}: member {key}.{ext}") if decode_images else img
     page["_key"] = key
     return page
 
@@ -119,7 +164,8 @@ class ShardDataset(IterableDataset):
     ``skip_batches`` (a DataLoader's batches already consumed, over any number of workers). Skipped
     pages are read (the shuffle needs them) but never decoded, given embeddings or transformed.
     ``embeddings``: a reader of cached text embeddings (``text_cache.open_embeddings(path)``, or
-    anything with ``for_shard(shard_path) -> lookup(key) -> {"sem_emb": ..., ...}``) whose vectors
+    anything with ``for_shard(shard_path, digest) -> lookup(key) -> {"sem_emb": ..., ...}``, ``digest``
+    being ``shard_digest(shard_path)``) whose vectors
     are attached to each page; ``None`` (or ``False``), pages without them. This module reads shards
     only: it is handed the cache reader, never opens the cache itself.
     """
@@ -220,8 +266,8 @@ class ShardDataset(IterableDataset):
             self._skip = i + 1
             page = decode_sample(key, members, str(f), self.decode_images)
             if self.embeddings is not None:
-                if f not in emb_for:
-                    emb_for[f] = self.embeddings.for_shard(f)
+                if f not in emb_for:  # the cache refuses vectors of a shard whose pages changed since
+                    emb_for[f] = self.embeddings.for_shard(f, shard_digest(f))
                 page.update(emb_for[f](key))
             yield self.transform(page) if self.transform is not None else page
 

@@ -8,11 +8,15 @@ descriptors as one text) and ``<key>.sp_joint`` [D] (spans + descriptors as one 
 lists the fields a cache holds (the whole-page ones only when an objective asked for them).
 
 The cache is keyed by the encoder name, the descriptor format (``data.descriptor_format``, a
-versioned name of ``gsdistill.tuples.descriptors.FORMATS``) and each shard's size: the embedding
-stage (``embed_stage.embed_shards``) rebuilds whenever any of them differs, and a reader meeting a
-stale cache (an unknown format, or another format than the one it asks for) raises instead of
-silently using embeddings of other texts. This module only reads and writes the cache: it neither
-reads shards nor encodes (the stage hands it shard sizes and vectors), so the data layer runs one way.
+versioned name of ``gsdistill.tuples.descriptors.FORMATS``) and each shard's CONTENT
+(``shards.shard_digest``, a hash of its page records): a shard rebuilt from an edited input gets
+new vectors even when its tar keeps its byte size (tars are padded to 10 KiB). The embedding stage
+(``embed_stage.embed_shards``) re-embeds the shards whose content changed and everything when a
+setting changed, saying in one line what it threw away (``reusable_fields``); a reader meeting a
+stale cache (an unknown format, another format than the one it asks for, a shard whose content
+changed) raises instead of silently using embeddings of other texts. This module only reads and
+writes the cache: it neither reads shards nor encodes (the stage and the shard reader hand it
+digests and vectors), so the data layer runs one way.
 """
 from __future__ import annotations
 
@@ -24,10 +28,10 @@ import numpy as np
 
 from gsdistill.tuples.descriptors import (DESCRIPTOR_VERSION, FORMATS, box_texts, check_format,
                                         single_positive_texts, span_texts)
-from gsdistill.tuples.errors import DataError
+from gsdistill.tuples.errors import DataError, writing
 
 CACHE_DIR, META = "embeddings", "meta.json"
-FORMAT = "gsdistill-text-cache/1"
+FORMAT = "gsdistill-text-cache/2"  # /2: shards keyed by content, not byte size
 FIELDS = ("sem", "geom", "sp_sem", "sp_geom", "sp_joint")
 MULTI_POSITIVE_FIELDS = ("sem", "geom")  # what the default (multi-positive) objective reads
 
@@ -54,11 +58,6 @@ def page_texts(page: dict, max_spans: int | None = None, fmt: str | None = None,
     return {f: texts[f] for f in FIELDS if f in fields}
 
 
-def shard_fingerprints(shards: list[Path]) -> dict[str, int]:
-    """Shard file name -> size in bytes: the part of the cache key that says the pages are the same."""
-    return {f.name: f.stat().st_size for f in shards}
-
-
 def checked_format(name: str) -> str:
     """A registered format name; an unknown one is a config error (data./embed.descriptor_format)."""
     from gsdistill.config import ConfigError
@@ -69,8 +68,19 @@ def checked_format(name: str) -> str:
 
 
 def read_meta(shard_dir: Path) -> dict | None:
+    """The cache's ``meta.json`` (None when there is no cache); a damaged one is a DataError."""
     path = Path(shard_dir) / CACHE_DIR / META
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: unreadable embeddings meta ({type(e).__name__}: {e}); "
+                        f"rebuild with 'gsdistill tuples embed {shard_dir} --force'") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: not an embeddings meta (a {type(meta).__name__}); "
+                        f"rebuild with 'gsdistill tuples embed {shard_dir} --force'")
+    return meta
 
 
 def cached_fields(meta: dict) -> tuple[str, ...]:
@@ -78,26 +88,51 @@ def cached_fields(meta: dict) -> tuple[str, ...]:
     return tuple(meta.get("fields") or FIELDS)
 
 
-def cache_key(encoder: str, fmt: str, max_spans: int | None, fingerprints: dict[str, int],
+def cache_key(encoder: str, fmt: str, max_spans: int | None, digests: dict[str, str],
               precision: str = "fp32") -> dict:
-    """What must match for cached vectors to be reused (besides holding the wanted fields)."""
+    """What must match for cached vectors to be reused (besides holding the wanted fields):
+    settings for the whole cache, and per shard file name its content digest."""
     return {"format": FORMAT, "encoder": encoder, "precision": precision, "descriptor_version": fmt,
-            "max_spans": max_spans, "shards": fingerprints}
+            "max_spans": max_spans, "shards": digests}
 
 
-def same_key(meta: dict | None, key: dict) -> bool:
-    """``meta`` was written under ``key`` (caches from before precision was a choice are fp32)."""
-    return meta is not None and all({"precision": "fp32", **meta}.get(k) == v for k, v in key.items())
+def reusable_fields(meta: dict | None, key: dict, force: bool = False) -> tuple[dict[str, tuple[str, ...]], str]:
+    """(shard name -> cached fields still valid for it, one line saying what ``key`` throws away of
+    the cache ``meta``, "" if nothing). A changed setting (or ``force``) throws away every shard's
+    vectors; otherwise those of the shards whose content changed or that left the folder."""
+    if meta is None:
+        return {}, ""
+    old = meta.get("shards") if isinstance(meta.get("shards"), dict) else {}
+    everything = f"threw away the cached text embeddings of all {len(old)} shards"
+    if force:
+        return {}, f"{everything} (--force)"
+    # caches from before precision was a choice are fp32
+    changed = [f"{k} {v!r} -> {key[k]!r}" for k, v in {"precision": "fp32", **meta}.items()
+               if k in key and k != "shards" and v != key[k]]
+    if changed:
+        return {}, f"{everything}: {', '.join(changed)}"
+    fields = cached_fields(meta)
+    kept = {name: fields for name, digest in key["shards"].items() if old.get(name) == digest}
+    stale = [name for name in key["shards"] if name in old and name not in kept]
+    gone = [name for name in old if name not in key["shards"]]
+    parts = [f"{len(stale)} of {len(key['shards'])} shards whose pages changed "
+             f"({', '.join(stale[:5])}{', ...' if len(stale) > 5 else ''})"] if stale else []
+    parts += [f"{len(gone)} shards no longer in the folder"] if gone else []
+    return kept, ("threw away the cached text embeddings of " + " and ".join(parts)) if parts else ""
 
 
 class CacheWriter:
     """Writes a cache shard by shard; ``meta.json`` is removed first and written last, so a cache cut
     short (killed, failed) is never read as current."""
 
-    def __init__(self, shard_dir: Path):
+    def __init__(self, shard_dir: Path, shard_stems: list[str]):
         self.dir = Path(shard_dir) / CACHE_DIR
-        self.dir.mkdir(exist_ok=True)
-        (self.dir / META).unlink(missing_ok=True)
+        with writing(self.dir):
+            self.dir.mkdir(exist_ok=True)
+            (self.dir / META).unlink(missing_ok=True)
+            for old in self.dir.glob("*.npz"):  # shards no longer in the folder, files of a killed run
+                if old.stem not in shard_stems:
+                    old.unlink()
 
     def read_shard(self, shard_stem: str) -> dict[str, np.ndarray]:
         """The vectors already cached for one shard (kept when only new fields are added)."""
@@ -111,23 +146,25 @@ class CacheWriter:
 
     def write_shard(self, shard_stem: str, arrays: dict[str, np.ndarray]) -> None:
         tmp = self.dir / (shard_stem + ".tmp.npz")
-        np.savez(tmp, **arrays)
-        tmp.replace(self.dir / (shard_stem + ".npz"))
+        with writing(self.dir / (shard_stem + ".npz"), rerun="embed again"):
+            np.savez(tmp, **arrays)
+            tmp.replace(self.dir / (shard_stem + ".npz"))
 
     def finish(self, key: dict, dim: int, fields: tuple[str, ...]) -> None:
         meta = {**key, "dim": int(dim), "fields": [f for f in FIELDS if f in fields]}
-        (self.dir / META).write_text(json.dumps(meta, indent=1))
+        with writing(self.dir / META, rerun="embed again"):
+            (self.dir / META).write_text(json.dumps(meta, indent=1))
 
 
 class CachedEmbeddings:
-    """Reader of a current cache: ``for_shard(path)(key) -> {"sem_emb": ..., "sp_sem_emb": ...}``."""
+    """Reader of a current cache: ``for_shard(path, digest)(key) -> {"sem_emb": ..., "sp_sem_emb": ...}``."""
 
     def __init__(self, shard_dir: Path, meta: dict):
         self.dir, self.meta = shard_dir / CACHE_DIR, meta
 
-    def for_shard(self, shard: Path) -> Callable[[str], dict]:
-        if self.meta["shards"].get(shard.name) != shard.stat().st_size:
-            raise DataError(f"{shard}: changed since its embeddings were cached; run 'gsdistill tuples embed'")
+    def for_shard(self, shard: Path, digest: str) -> Callable[[str], dict]:
+        """The lookup of one shard's pages; ``digest`` is the shard's content now
+        (``shards.shard_digest``, computed by the shard reader): another than the cached one refuses."""
         path = self.dir / (shard.stem + ".npz")
 
         def damaged(e: Exception) -> DataError:
@@ -137,6 +174,10 @@ class CachedEmbeddings:
             data = np.load(path)
         except Exception as e:  # zipfile.BadZipFile, OSError, ...: numpy's errors name no file
             raise damaged(e) from None
+        if self.meta["shards"].get(shard.name) != digest:
+            data.close()
+            raise DataError(f"{shard}: its pages changed since their text embeddings were cached (a rebuilt "
+                            f"shard); run 'gsdistill tuples embed {self.dir.parent}'")
 
         def lookup(key: str) -> dict:
             try:
@@ -166,9 +207,12 @@ def open_embeddings(shard_dir: str | Path, required: bool = False, encoder: str 
         if required:
             raise DataError(f"{shard_dir}: no cached text embeddings; run 'gsdistill tuples embed {shard_dir}'")
         return None
+    if meta.get("format") != FORMAT:
+        raise DataError(f"{shard_dir}: text embeddings in cache format {meta.get('format')!r}, this gsdistill reads "
+                        f"{FORMAT!r}; rebuild with 'gsdistill tuples embed {shard_dir}'")
     cached = meta.get("descriptor_version")
     wanted = checked_format(descriptor_format) if descriptor_format is not None else None
-    if meta.get("format") != FORMAT or cached not in FORMATS or (wanted is not None and cached != wanted):
+    if cached not in FORMATS or (wanted is not None and cached != wanted):
         want = repr(wanted) if wanted else "a registered one (" + ", ".join(FORMATS) + ")"
         raise DataError(f"{shard_dir}: embeddings cached for descriptor format {cached!r}, wanted {want}; "
                         f"rebuild with 'gsdistill tuples embed {shard_dir}'")

@@ -1,0 +1,53 @@
+"""Worker processes that end with the process that started them.
+
+When the process that owns a pool is killed alone (``kill PID``, ``kill -9 PID``, the OOM killer),
+nothing tells its workers: a ``ProcessPoolExecutor``'s forked workers wait on a pipe whose other end
+their siblings hold, forever (parent PID 1, ~120 MB each: issue 33), and a ``multiprocessing.Pool``
+worker first finishes the piece it is on, for nobody. A pool's initializer calls
+:func:`exit_with_parent` so that they end within a second.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+WATCH_SECONDS = 0.5  # how often the watch thread looks at the parent
+
+
+def _kill_on_parent_death() -> bool:
+    """Linux: ask the kernel to SIGKILL this process the moment its parent dies (True if set).
+
+    The kernel ties this to the parent *thread* that started the process; only use it for a pool
+    whose workers are all started by a thread that lives as long as the pool (a
+    ``ProcessPoolExecutor`` forking from the caller's thread, not ``multiprocessing.Pool``, whose
+    handler thread replaces workers and ends before they do)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(WATCH_SECONDS)
+    os._exit(1)  # orphaned: the work it waits for will never come; its partial output is a .tmp file
+
+
+def exit_with_parent(parent_pid: int, kernel_signal: bool = True) -> None:
+    """Make this worker end soon after ``parent_pid`` (the pool owner, passed in by it) dies: a
+    kernel death signal where asked and available, and a daemon thread that checks the parent every
+    ``WATCH_SECONDS`` everywhere (the signal also ends a worker stuck in C code that holds the GIL, where the
+    thread cannot run)."""
+    if kernel_signal:
+        _kill_on_parent_death()
+    if os.getppid() != parent_pid:  # the parent died before the signal was set up
+        os._exit(1)
+    threading.Thread(target=_watch, args=(parent_pid,), name="parent-watch", daemon=True).start()
