@@ -5,4 +5,10 @@ Data flows one way: documents -> page tuples (``gsdistill.tuples``) -> views -> 
 Every stage is a sub-command of ``gsdistill`` (see ``gsdistill/cli.py``).
 """
 
+import os
+
+# albumentations asks PyPI for its newest version when it is imported, in every DataLoader worker;
+# on a cluster without network each try can stall. Set before any gsdistill module imports it.
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+
 __version__ = "0.1.0"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,10 +85,12 @@ def test_two_torch_processes_equal_one_process(tmp_path, extra):
     _assert_same(_spawn(2, extra, tmp_path / "ddp2"), ref, rtol=1e-4)
 
 
-def test_deepspeed_zero3_offload_equals_torch_engine(tmp_path):
+@pytest.mark.parametrize("config", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "configs" / "deepspeed").glob("*.json")))
+def test_every_deepspeed_config_equals_torch_engine(tmp_path, config):
     pytest.importorskip("deepspeed")
     ref = _reference(tmp_path)
-    _assert_same(_spawn(1, ["train.engine=deepspeed"], tmp_path / "ds1"), ref, rtol=1e-4)
+    run = _spawn(1, ["train.engine=deepspeed", f"train.deepspeed_config=configs/deepspeed/{config}"], tmp_path / "ds1")
+    _assert_same(run, ref, rtol=1e-4)
 
 
 @pytest.mark.slow
@@ -99,11 +102,19 @@ def test_two_deepspeed_processes_equal_one_torch_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_deepspeed_resume_gives_the_same_losses(tmp_path):
+@pytest.mark.parametrize("config,rtol", [("zero2.json", 1e-6), ("zero3_optimizer_offload.json", 1e-4),
+                                         ("zero3_param_offload.json", 1e-4)])
+def test_deepspeed_resume_gives_the_same_losses(tmp_path, config, rtol):
+    """Exact with torch's AdamW (ZeRO-2). DeepSpeedCPUAdam (the offload configs) keeps beta^t in
+    C++ and multiplies it by beta each step, but computes it with pow() in a new process: a rounding
+    step of the bias correction, which moves 14 % of the weights by one fp32 ulp at the first update
+    after the resume and the terms by 4e-6 relative at the step after it (measured): the engine
+    agreement's 1e-4 then."""
     pytest.importorskip("deepspeed")
-    full = _spawn(1, ["train.engine=deepspeed"], tmp_path / "full")
-    _spawn(1, ["train.engine=deepspeed", "train.stop_after=2"], tmp_path / "part")
-    resumed = _spawn(1, ["train.engine=deepspeed", f"train.resume={tmp_path / 'part'}"], tmp_path / "part")
+    ds = ["train.engine=deepspeed", f"train.deepspeed_config=configs/deepspeed/{config}"]
+    full = _spawn(1, ds, tmp_path / "full")
+    _spawn(1, [*ds, "train.stop_after=2"], tmp_path / "part")
+    resumed = _spawn(1, [*ds, f"train.resume={tmp_path / 'part'}"], tmp_path / "part")
     for step in (3, 4):
         for term in TERMS:
-            assert resumed["rows"][step][term] == pytest.approx(full["rows"][step][term], rel=1e-6), (step, term)
+            assert resumed["rows"][step][term] == pytest.approx(full["rows"][step][term], rel=rtol), (step, term)

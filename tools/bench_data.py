@@ -14,6 +14,11 @@ workers reading one shard set at once, split by shard) and the share of the byte
 ``gsdistill tuples embed``), so (3) is image decoding + crops + masks + collation only.
 ``--build-pages N``: ``gsdistill tuples build`` on real PDFs with 1 and ``--build-workers`` workers
 (pages/s, pages per CPU-second, identical shards), then peak memory of 200 vs 2,000 pages.
+``--synthetic-build N``: the synthetic pages a run without ``data.shards`` makes first
+(``prepare_synthetic``: ``gsdistill.tuples.synthetic_build``), at the GPU recipe's page size and
+shard count, with 1 and ``--build-workers`` workers, alternating, ``--repeats`` times each.
+
+    python tools/bench_data.py --synthetic-build 256 --build-only   # issue 32: >= 1.6x with 2 workers on 2 cores
 """
 from __future__ import annotations
 
@@ -140,6 +145,55 @@ def bench_build(cmd: list[str]) -> tuple[float, float, int, float]:
     return pages / float(seconds), int(maxrss_kib) / 1024, pages, pages / float(cpu)
 
 
+SYNTHETIC_CHILD = """
+import json, resource, sys, time
+from gsdistill.tuples.synthetic_build import build_synthetic
+def cpu():
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+kwargs = json.loads(sys.argv[1])
+t, c = time.perf_counter(), cpu()
+pages = build_synthetic(**kwargs)["pages"]
+print(time.perf_counter() - t, cpu() - c, pages)
+"""
+
+
+def bench_synthetic_build(out: Path, pages: int, workers: int, recipe: str) -> tuple[float, float]:
+    """(pages/s, pages per CPU-second) of ``prepare_synthetic``'s build of ``recipe``'s pages (its
+    page size, text scale and readers) in a child process, timed from after its imports: what the
+    build adds to a training process that has them."""
+    d = load_config("pretrain", recipe).data
+    kwargs = dict(pages=pages, out_dir=str(out), seed=0, width=d.page_width, height=d.page_height,
+                  text_scale=d.text_scale, readers=max(1, d.num_workers), workers=workers, progress=False)
+    seconds, cpu, made = subprocess.run([sys.executable, "-c", SYNTHETIC_CHILD, json.dumps(kwargs)], check=True,
+                                        capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                        ).stdout.split()
+    return int(made) / float(seconds), int(made) / float(cpu)
+
+
+def synthetic_build_section(args, tmp: Path) -> None:
+    """Pages/s of the synthetic build with 1 and ``--build-workers`` processes, run alternately so
+    that load from other jobs falls on both alike; the medians and their ratio."""
+    import statistics
+
+    workers = (1, args.build_workers)
+    rates = {w: [] for w in workers}
+    for r in range(args.repeats):
+        for w in workers:
+            out = tmp / f"synthetic-{r}-w{w}"
+            rates[w].append(bench_synthetic_build(out, args.synthetic_build, w, args.recipe))
+    shards = len(list((tmp / f"synthetic-0-w{workers[-1]}").glob("shard-*.tar")))
+    same = all((tmp / "synthetic-0-w1" / f.name).read_bytes() == f.read_bytes()
+               for f in sorted((tmp / f"synthetic-0-w{workers[-1]}").glob("shard-*.tar")))
+    median = {w: statistics.median(r[0] for r in runs) for w, runs in rates.items()}
+    print(f"\nsynthetic build ({args.recipe} pages, {args.synthetic_build} pages in {shards} shards; "
+          f"{args.repeats} runs each, alternating; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores at the end)")
+    print(f"{'workers':<10}{'pages/s (median)':>18}{'speed-up':>10}{'pages/CPU-s':>13}   pages/s of each run")
+    for w, runs in rates.items():
+        print(f"{w:<10}{median[w]:>18.1f}{median[w] / median[1]:>10.2f}{statistics.median(r[1] for r in runs):>13.1f}"
+              f"   {' '.join(f'{r[0]:.1f}' for r in runs)}")
+    print(f"shards identical for 1 and {workers[-1]} workers: {same}")
+
+
 def build_section(args, tmp: Path) -> None:
     """``tuples build`` on real PDFs: pages/s with 1 and ``--build-workers`` processes on the same
     pages (identical output checked), then peak memory of a 1-process build of few and many pages."""
@@ -178,7 +232,11 @@ def main() -> None:
     ap.add_argument("--build-workers", type=int, default=2, help="workers timed against 1 in the build section")
     ap.add_argument("--build-pages-per-shard", type=int, default=32, help="a unit of work: units >> workers")
     ap.add_argument("--build-memory", type=int, nargs=2, default=(200, 2000), help="pages of the two memory builds")
-    ap.add_argument("--build-only", action="store_true", help="run only the build section")
+    ap.add_argument("--build-only", action="store_true", help="run only the build section(s)")
+    ap.add_argument("--synthetic-build", type=int, default=0,
+                    help="pages of the synthetic build section (prepare_synthetic; 0: no such section)")
+    ap.add_argument("--recipe", default="gpu_vit_s16", help="pretrain experiment whose page size and readers it uses")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each worker count in the synthetic build section")
     ap.add_argument("--embed-pdfs", type=Path, default=Path("/usr/share/doc/texlive-doc"),
                     help="PDF folder for the tuples embed section (tools/bench_embed.py)")
     ap.add_argument("--embed-pages", type=int, default=0, help="pages the embed section times (0: no embed section)")
@@ -189,11 +247,14 @@ def main() -> None:
                     help="pages of the embed memory runs (none: skip them)")
     ap.add_argument("--embed-only", action="store_true", help="run only the embed section")
     args = ap.parse_args()
+    if args.synthetic_build:
+        with tempfile.TemporaryDirectory() as tmp:
+            synthetic_build_section(args, Path(tmp))
     if args.build_pages:
         with tempfile.TemporaryDirectory() as tmp:
             build_section(args, Path(tmp))
-        if args.build_only:
-            return
+    if args.build_only:
+        return
     if args.embed_pages or args.embed_only:
         from bench_embed import report as embed_report  # tools/ is on sys.path when this file runs
         with tempfile.TemporaryDirectory() as tmp:

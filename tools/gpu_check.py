@@ -1,10 +1,16 @@
-"""The python core of ``tools/gpu_check.sh``: the GPU path of the paper's recipe, checked and timed.
+"""The python core of ``tools/gpu_check.sh``: the GPU path of the paper's recipe, checked and timed
+in one lease (target: <= 8 minutes on one GPU, its own data included).
 
-On a machine with GPUs: the CUDA tests (``pytest -k cuda``), a short ViT-S/16 run of each engine
-in bf16 (``gpu_vit_s16``; on 2 GPUs too when there are 2, through ``torchrun`` and ``deepspeed``),
-one epoch of head-only detection on the torch run's backbone, and a markdown table: step time,
-images (pages) per second, peak memory, model FLOP/s as a share of the GPU's bf16 peak, and the
-loss terms after the first steps against the same steps run on the CPU in fp32.
+On a machine with GPUs, in this order, each part's seconds printed as it ends and tabled at the end:
+the synthetic pages (built on every core, ``prepare_synthetic``); the tests marked ``cuda``
+(``pytest -m cuda``); DeepSpeed's CPU Adam, built once (a JIT compile); a short ViT-S/16 bf16 run
+of each engine at the recipe's batch (``gpu_vit_s16``; on 2 GPUs too when there are 2): step time,
+pages/s, the median wait for data, peak memory, model FLOP/s as a share of the GPU's bf16 peak;
+the agreement check: both engines in bf16 on the GPU and the torch engine in fp32 on the CPU, 3
+steps of the same recipe at a batch the CPU finishes in well under a minute (its point is the
+terms' agreement, not the batch); a ``torch.profiler`` row (top kernels and their share of the
+GPU time); one epoch of head-only detection on the torch run's backbone. Then a markdown table
+(``gpu_check.md``).
 
 ``--cpu``: the same commands at tiny sizes on the CPU (bf16 there is CPU autocast / DeepSpeed's
 CPU accelerator), so that CI keeps the script working where no GPU is.
@@ -29,9 +35,30 @@ QUIET = ["train.log_every=1", "train.progress=false", "train.tensorboard=false",
 TINY = ["model.backbone.depth=1", "model.backbone.img_size=32", "views.global_size=32", "views.local_size=16",
         "model.dino_out_dim=64", "model.dino_hidden_dim=32", "model.dino_bottleneck_dim=16", "model.proj_dim=32",
         "data.page_width=256", "data.page_height=320", "data.shuffle_buffer=4", "data.num_workers=0"]
+DEFAULT_DS = "zero3_optimizer_offload.json"  # train.deepspeed_config's default
+AGREE_BATCH, AGREE_STEPS = 4, 3  # the agreement runs: ViT-S/16 on 4 pages, ~1 TFLOP a step, seconds on 16 cores
 # dense bf16 tensor-core peaks (no sparsity), FLOP/s, by a part of the device name
 BF16_PEAK = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12,
              "A10": 125e12, "RTX 4090": 165e12}
+
+
+class Parts:
+    """Seconds of each part of the check, printed as each ends."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def run(self, name: str, fn, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.seconds[name] = time.perf_counter() - start
+            print(f"[gpu_check] {name}: {self.seconds[name]:.1f} s", flush=True)
+
+    def table(self) -> list[str]:
+        rows = [f"| {name} | {s:.1f} |" for name, s in self.seconds.items()]
+        return ["| part | seconds |", "|---|---|", *rows, f"| all | {sum(self.seconds.values()):.1f} |"]
 
 
 def sizes(cpu: bool, steps: int) -> tuple[list[str], int]:
@@ -81,30 +108,52 @@ def launch(prefix: list[str], experiment: str | None, overrides: list[str], run_
 
     cmd = [*prefix, "gsdistill.cli", "pretrain", *([experiment] if experiment else []), "--run-dir", str(run_dir),
            *overrides, *QUIET]
-    start = time.perf_counter()
     with open(log, "w") as out:
         done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     rows = read_metrics(run_dir / "metrics.csv") if (run_dir / "metrics.csv").is_file() else []
-    return {"rc": done.returncode, "rows": rows, "wall_s": time.perf_counter() - start, "log": log}
+    return {"rc": done.returncode, "rows": rows, "log": log}
 
 
-def run_table(runs: dict, ref: dict, batch: int, flops: float, peak: float, compare_step: int) -> list[str]:
-    head = ["run", "exit", "step s (median)", "images/s", "peak mem GiB", "model TFLOP/s", "share of bf16 peak",
-            f"terms at step {compare_step} vs CPU fp32 (max rel. diff)"]
+def build_deepspeed_ops() -> str:
+    """Build (or find cached) DeepSpeed's CPU Adam, so that no run's step time holds the compile."""
+    code = "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    return "built" if done.returncode == 0 else f"FAILED: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+
+
+def _median(rows: list[dict], key: str) -> float:
+    timed = [float(r[key]) for r in rows[1:]] or [float(rows[0][key])]  # step 1 warms up
+    return statistics.median(timed)
+
+
+def run_table(runs: dict, batch: int, flops: float, peak: float) -> list[str]:
+    head = ["run", "exit", "step s (median)", "pages/s", "data wait ms (median)", "peak mem GiB", "model TFLOP/s",
+            "share of bf16 peak"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    ref_row = next((r for r in ref["rows"] if int(float(r["step"])) == compare_step), None)
     for name, run in runs.items():
         rows = run["rows"]
         if run["rc"] != 0 or not rows:
             lines.append(f"| {name} | {run['rc']} | failed: see {run['log']} |" + " |" * (len(head) - 3))
             continue
-        timed = [float(r["step_s"]) for r in rows[1:]] or [float(rows[0]["step_s"])]  # step 1 warms up
-        step_s = statistics.median(timed)
-        row = next((r for r in rows if int(float(r["step"])) == compare_step), None)
-        diff = "n/a" if row is None or ref_row is None else f"{max(_rel(row[t], ref_row[t]) for t in TERMS if t in row):.2g}"
+        step_s = _median(rows, "step_s")
         mem = max(float(r.get("peak_mem_gb", "nan")) for r in rows)
-        lines.append(f"| {name} | 0 | {step_s:.3f} | {batch / step_s:.1f} | {mem:.2f} | {flops * batch / step_s / 1e12:.3f} "
-                     f"| {flops * batch / step_s / peak:.1%} | {diff} |")
+        lines.append(f"| {name} | 0 | {step_s:.3f} | {batch / step_s:.1f} | {1e3 * _median(rows, 'data_s'):.1f} "
+                     f"| {mem:.2f} | {flops * batch / step_s / 1e12:.3f} | {flops * batch / step_s / peak:.1%} |")
+    return lines
+
+
+def agreement_table(runs: dict, ref: dict, steps: int) -> list[str]:
+    """Each bf16 run's terms at every step against the CPU fp32 reference: the largest relative difference."""
+    ref_rows = {int(float(r["step"])): r for r in ref["rows"]}
+    head = ["run", "exit", *[f"step {s}: max rel. diff of the terms" for s in range(1, steps + 1)]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    if ref["rc"] != 0 or not ref_rows:
+        return [*lines, f"| CPU fp32 reference | {ref['rc']} | failed: see {ref['log']} |" + " |" * (steps - 1)]
+    for name, run in runs.items():
+        rows = {int(float(r["step"])): r for r in run["rows"]}
+        cells = [f"{max(_rel(rows[s][t], ref_rows[s][t]) for t in TERMS if t in rows[s]):.2g}"
+                 if s in rows and s in ref_rows else "n/a" for s in range(1, steps + 1)]
+        lines.append(f"| {name} | {run['rc']} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -125,17 +174,18 @@ def detection_epoch(cpu: bool, backbone: Path, out: Path) -> str:
     cmd = [sys.executable, "-m", "gsdistill.cli", "detect", "train", *args, f"data={data}", f"backbone={backbone}",
            "epochs=1", f"imgsz={size}", f"project={out / 'detect'}", "name=head_only",
            f"device={'cpu' if cpu else 'cuda'}"]
-    start = time.perf_counter()
     with open(out / "detect.log", "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
-    return f"| detection, head only, 1 epoch ({pages} pages, {size} px) | {rc} | {time.perf_counter() - start:.1f} s wall |"
+    return f"Detection, head only, 1 epoch ({pages} pages, {size} px): exit {rc}."
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU (CI)")
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default: 3 with --cpu, 20 on GPUs)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per timed run (default: 3 with --cpu, 20 on GPUs)")
     ap.add_argument("--out", default="runs/gpu_check", help="folder for the runs, logs and gpu_check.md")
+    ap.add_argument("--deepspeed-configs", nargs="+", default=[DEFAULT_DS], metavar="JSON",
+                    help=f"configs/deepspeed/ files timed in one process (default: {DEFAULT_DS})")
     args = ap.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
         from gsdistill.device import cuda_unusable_reason
@@ -147,49 +197,68 @@ def main(argv: list[str] | None = None) -> int:
     experiment = None if args.cpu else "gpu_vit_s16"
     overrides, batch = sizes(args.cpu, steps)
     gpus = 0 if args.cpu else torch.cuda.device_count()
+    device = "cpu" if args.cpu else "cuda"
+    parts = Parts()
     lines = [f"# gsdistill GPU check ({'--cpu' if args.cpu else f'{gpus} x ' + torch.cuda.get_device_name(0)})", "",
              f"torch {torch.__version__}, CUDA {torch.version.cuda}, {time.strftime('%Y-%m-%d %H:%M')}, "
              f"{steps} steps, global batch {batch}", ""]
-    if not args.cpu:
-        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-k", "cuda", "tests"], cwd=REPO,
-                               capture_output=True, text=True)
-        lines += [f"CUDA tests (`pytest -k cuda`): {(tests.stdout.strip().splitlines() or ['no output'])[-1]}", ""]
 
     from gsdistill.config import load_config
     from gsdistill.pretrain.run import prepare_synthetic
-    pages = 10 if args.cpu else max(2048, 8 * batch * max(1, gpus))  # every worker of every rank: whole batches
-    data = prepare_synthetic(load_config("pretrain", experiment, [*overrides, f"data.synthetic_pages={pages}"]),
-                             out / "data")  # once, shared by every run: the same pages everywhere
+    pages = 10 if args.cpu else 8 * batch * max(1, gpus)  # every worker of every rank: whole batches
+    data = parts.run("data: synthetic pages, built and embedded", prepare_synthetic,
+                     load_config("pretrain", experiment, [*overrides, f"data.synthetic_pages={pages}"]), out / "data")
+    if not args.cpu:
+        pytest = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "tests"]
+        tests = parts.run("tests marked cuda", subprocess.run, pytest, cwd=REPO, capture_output=True, text=True)
+        lines += [f"CUDA tests (`pytest -m cuda`): {(tests.stdout.strip().splitlines() or ['no output'])[-1]}", ""]
+    ops = parts.run("DeepSpeed CPU Adam build", build_deepspeed_ops)
+    lines += [f"DeepSpeed CPU Adam: {ops}.", ""]
+
     common = [*overrides, f"data.shards={data}"]
-    device = "cpu" if args.cpu else "cuda"
     python = [sys.executable, "-m"]
-    plan = {"torch bf16, 1 process": (python, ["train.engine=torch"]),
-            "deepspeed bf16, 1 process": (python, ["train.engine=deepspeed"])}
+    plan = {"torch bf16, 1 process": (python, ["train.engine=torch"])}
+    for name in args.deepspeed_configs:
+        plan[f"deepspeed bf16 ({name}), 1 process"] = (python, ["train.engine=deepspeed",
+                                                                f"train.deepspeed_config=configs/deepspeed/{name}"])
     if gpus >= 2:
         plan["torch bf16, 2 GPUs (torchrun)"] = ([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "-m"],
                                                  ["train.engine=torch"])
         plan["deepspeed bf16, 2 GPUs"] = ([str(BIN / "deepspeed"), "--num_gpus", "2", "--module"],
                                           ["train.engine=deepspeed"])
-    runs = {}
-    for i, (name, (prefix, extra)) in enumerate(plan.items()):
-        runs[name] = launch(prefix, experiment, [*common, *extra, f"train.device={device}", "train.precision=bf16"],
-                            out / f"run{i}", out / f"run{i}.log")
-    compare = min(3, steps)
-    ref = launch(python, experiment, [*common, "train.engine=torch", "train.device=cpu", "train.precision=fp32",
-                                      f"optim.steps={steps}", f"train.stop_after={compare}"], out / "cpu_fp32",
-                 out / "cpu_fp32.log")
+    runs = {name: parts.run(f"run: {name}", launch, prefix, experiment,
+                            [*common, *extra, f"train.device={device}", "train.precision=bf16"], out / f"run{i}",
+                            out / f"run{i}.log")
+            for i, (name, (prefix, extra)) in enumerate(plan.items())}
+
+    agree = [*common, f"optim.batch_size={AGREE_BATCH}", f"optim.steps={AGREE_STEPS}", "data.num_workers=0"]
+    agreed = {f"{engine} bf16 on {device}": parts.run(f"agreement: {engine} bf16", launch, python, experiment,
+                                                      [*agree, f"train.engine={engine}", f"train.device={device}",
+                                                       "train.precision=bf16"], out / f"agree_{engine}",
+                                                      out / f"agree_{engine}.log")
+              for engine in ("torch", "deepspeed")}
+    ref = parts.run("agreement: CPU fp32 reference", launch, python, experiment,
+                    [*agree, "train.engine=torch", "train.device=cpu", "train.precision=fp32"], out / "cpu_fp32",
+                    out / "cpu_fp32.log")
+
     peak, peak_source = bf16_peak(args.cpu)
-    flops = flops_per_page(experiment, overrides)
+    flops = parts.run("FLOP count", flops_per_page, experiment, overrides)
     lines += [f"Model FLOPs per page and step (forward + backward, counted): {flops / 1e9:.2f} GFLOP; "
               f"bf16 peak {peak / 1e12:.1f} TFLOP/s ({peak_source}).", ""]
-    lines += run_table(runs, ref, batch, flops, peak, compare)
+    lines += [*run_table(runs, batch, flops, peak), ""]
+    lines += [f"Agreement: {AGREE_STEPS} steps of {AGREE_BATCH} pages (the same batches, `data.num_workers=0`), "
+              "bf16 against the torch engine in fp32 on the CPU:", "", *agreement_table(agreed, ref, AGREE_STEPS), ""]
+    from gpu_profile import profile_row, profile_steps  # tools/ is on sys.path when this file runs
+    profiled = parts.run("profile", profile_steps, experiment, overrides, batch, torch.device(device))
+    lines += [profile_row(profiled), ""]
     first = runs["torch bf16, 1 process"]
     if first["rc"] == 0:
-        lines.append(detection_epoch(args.cpu, out / "run0" / "backbone", out))
+        lines += [parts.run("detection epoch", detection_epoch, args.cpu, out / "run0" / "backbone", out), ""]
+    lines += ["Seconds per part:", "", *parts.table()]
     report = "\n".join(lines) + "\n"
     (out / "gpu_check.md").write_text(report)
     print(report)
-    failed = [n for n, r in runs.items() if r["rc"] != 0] + (["cpu fp32 reference"] if ref["rc"] != 0 else [])
+    failed = [n for n, r in {**runs, **agreed, "cpu fp32 reference": ref}.items() if r["rc"] != 0]
     if failed:
         print(f"gpu_check: failed: {', '.join(failed)} (logs in {out})", file=sys.stderr)
     return 1 if failed else 0

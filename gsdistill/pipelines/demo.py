@@ -24,9 +24,9 @@ PRETRAINED, CONTROL, UNTRAINED = "pretrained", "random backbone, heads trained",
 
 
 def build_tuples(cfg, out: Path) -> tuple[Path, Path, dict]:
-    """Train and held-out shard dirs (disjoint documents) and what was skipped on the way."""
-    from gsdistill.tuples.shards import write_shards
-    from gsdistill.tuples.synthetic import generate_pages
+    """Train and held-out shard dirs (disjoint documents) and what was skipped on the way; synthetic
+    pages are built on every core, the training pages in a shard or more per pretraining reader."""
+    from gsdistill.tuples.synthetic_build import build_synthetic
 
     d, train_dir, eval_dir = cfg.data, out / "data" / "train", out / "data" / "eval"
     if cfg.pdfs:
@@ -34,14 +34,11 @@ def build_tuples(cfg, out: Path) -> tuple[Path, Path, dict]:
         info = build_pdf_split(Path(cfg.pdfs), out / "data", int(d.pdf_dpi), int(d.max_pdf_pages),
                                int(d.pages_per_pdf), float(d.eval_fraction), int(cfg.seed))
         return train_dir, eval_dir, info
-    w, h = int(d.page_width), int(d.page_height)
+    page = dict(width=int(d.page_width), height=int(d.page_height), text_scale=float(d.text_scale))
+    readers = max(1, int(pretrain_config(cfg, train_dir).data.num_workers))
+    train = build_synthetic(int(d.train_pages), train_dir, seed=int(cfg.seed), readers=readers, **page)
     # held-out pages come from another synthetic set (another seed): no document is in both
-    ts = float(d.text_scale)
-    train = write_shards(generate_pages(int(d.train_pages), seed=int(cfg.seed), width=w, height=h, text_scale=ts),
-                         train_dir, total=int(d.train_pages))
-    held = write_shards(generate_pages(int(d.eval_pages), seed=int(cfg.seed) + 1000, width=w, height=h,
-                                       text_scale=ts),
-                        eval_dir, total=int(d.eval_pages))
+    held = build_synthetic(int(d.eval_pages), eval_dir, seed=int(cfg.seed) + 1000, **page)
     return train_dir, eval_dir, {"train": _manifest_summary(train), "eval": _manifest_summary(held)}
 
 
@@ -139,6 +136,15 @@ def retrieval(cfg, run_dir: Path, control_dir: Path | None, train_dir: Path, eva
     return {"rows": rows, "image_size": size, "doc_ids": docs, "teacher_spread": spread}
 
 
+def check_demo_config(cfg, out: Path) -> None:
+    """The values of every stage that pretrains, before the first page is made (one line, exit 2)."""
+    from gsdistill.pretrain.config_checks import check_pretrain_config, check_synthetic_pages
+
+    if not cfg.pdfs:
+        check_synthetic_pages(cfg.data.page_width, cfg.data.page_height, cfg.data.text_scale)
+    check_pretrain_config(pretrain_config(cfg, out / "data" / "train"), shards_made_later=True)
+
+
 def run_demo(cfg) -> Path:
     """Run every stage; return the report path. Each stage's output stays in ``out_dir``."""
     from gsdistill.models.text_encoder import TextEncoder
@@ -147,6 +153,7 @@ def run_demo(cfg) -> Path:
     from gsdistill.pipelines.demo_report import write_demo_report
 
     out = Path(cfg.out_dir)
+    check_demo_config(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out)
     times, info, control_dir = {}, {}, None

@@ -1,20 +1,29 @@
-"""DeepSpeed engine: ZeRO-3 with optimizer and parameter offload to CPU (configs/deepspeed/).
+"""DeepSpeed engine: ZeRO with CPU offload as ``train.deepspeed_config`` names it (configs/deepspeed/).
 
-Same surface as :class:`gsdistill.pretrain.engine_torch.TorchEngine`. The optimizer is the same torch
-AdamW with the same parameter groups, so both engines give the same losses on the same seed
-(tested). Under ZeRO-3 every rank holds a slice of each parameter; the weight export gathers the
-full tensors with ``deepspeed.zero.GatheredParameters``.
+Same surface as :class:`gsdistill.pretrain.engine_torch.TorchEngine`. The JSON file chooses the
+ZeRO stage and what is offloaded; the trainer fills in the rest from the pretrain config, so the
+file must not set them (:func:`load_ds_config`): the micro-batch, clipping, the optimizer and the
+precision. The optimizer is AdamW with the same parameter groups and ``optim.*`` as the torch
+engine: DeepSpeedCPUAdam where the optimizer is offloaded (the default, ZeRO-3 with only the
+optimizer on the CPU), torch's AdamW otherwise. Both engines give the same losses on the same seed
+(tested for every config in configs/deepspeed/).
 
-``train.precision: bf16`` is DeepSpeed's bf16 mode: the module's weights are bf16 (fp32 masters of
-the trained ones in the optimizer), the batch's float tensors are cast to bf16 to meet them, and the
-forward runs under the same bf16 autocast as the torch engine, so that the ops autocast keeps in
-fp32 (softmax, log-softmax, norms) stay fp32 in both engines. The EMA teacher keeps an fp32 master
-of its own (:mod:`gsdistill.pretrain.teacher_fp32`), updated from the student's fp32 masters; the
-checkpoint's ``model.safetensors`` holds those fp32 masters, student and teacher alike.
+What runs under ``train.precision: bf16`` is what the torch engine runs: fp32 weights, and the
+forward under torch's bf16 autocast, here through DeepSpeed's own ``torch_autocast`` section (an
+outer ``torch.autocast`` would be switched off inside DeepSpeed's forward). Autocast computes
+matrix products and convolutions in bf16 and keeps softmax, norms and the losses in fp32 (on
+CUDA their matrix products on TF32 tensor cores, as in the torch engine); the gradients are fp32
+and are reduced in fp32 (``lower_precision_safe_modules`` is empty, as under DDP). So the
+optimizer's fp32 masters, the module's fp32 weights and the EMA teacher are those of the torch
+engine, and the EMA runs in place on the module's fp32 weights where they live
+(:mod:`gsdistill.pretrain.teacher_fp32`). Checkpoints (``model.safetensors``) hold fp32 weights.
+Measured on the CPU: the engines' bf16 terms are equal at step 1 and within the spread a one-ulp
+change of the weights causes over 5 steps (``tests/test_gpu_engines.py``).
 
 Needs ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` (set by ``deepspeed``/``torchrun``, or
 by the trainer for one process). The first ``deepspeed.initialize`` on a machine JIT-builds a
-small communication op (~1 min on 2 CPU cores); ``TORCH_EXTENSIONS_DIR`` caches it.
+small communication op, and the first DeepSpeedCPUAdam its CPU Adam (~3 min on 2 busy CPU cores);
+``TORCH_EXTENSIONS_DIR`` caches them.
 """
 from __future__ import annotations
 
@@ -24,12 +33,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gsdistill.errors import CorruptFileError, MissingFileError
+from gsdistill.errors import CorruptFileError, InputError, MissingFileError
+from gsdistill.losses.precision import tf32_for_float32_islands
 from gsdistill.pretrain import checkpoint
 from gsdistill.pretrain.engine_torch import build_adamw, param_groups
-from gsdistill.pretrain.teacher_fp32 import Fp32Teacher, own_elements
+from gsdistill.pretrain.teacher_fp32 import TeacherEMA, own_elements
 
 DS_SUBDIR, DS_TAG = "deepspeed", "state"
+# DeepSpeed config sections the pretrain config owns (train.precision, optim.*)
+TRAINER_OWNED = ("bf16", "fp16", "torch_autocast", "optimizer", "scheduler")
+# torch's bf16 autocast; gradients and gathered weights stay fp32 (no module listed), as under DDP
+BF16_AUTOCAST = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
 
 
 def load_ds_config(path: str | Path, cfg, micro_batch: int) -> dict:
@@ -41,13 +55,34 @@ def load_ds_config(path: str | Path, cfg, micro_batch: int) -> dict:
         ds = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CorruptFileError(f"{path}: not valid JSON ({e})") from None
+    owned = [k for k in TRAINER_OWNED if k in ds]
+    if owned:
+        raise InputError(f"train.deepspeed_config: {path} sets {', '.join(owned)}, which the pretrain config "
+                         "owns (train.precision, optim.*): remove them from the JSON")
     ds.pop("_comment", None)
     ds["train_micro_batch_size_per_gpu"] = int(micro_batch)
     ds["gradient_accumulation_steps"] = 1
     ds["gradient_clipping"] = float(cfg["optim"]["clip_grad"])
+    ds["zero_allow_untested_optimizer"] = True  # torch's AdamW where the optimizer is not offloaded
     if cfg["train"]["precision"] == "bf16":
-        ds["bf16"] = {"enabled": True}
+        ds["torch_autocast"] = dict(BF16_AUTOCAST)
     return ds
+
+
+def offloads_optimizer(ds_config: dict) -> bool:
+    device = ds_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none")
+    return device in ("cpu", "nvme")
+
+
+def build_optimizer(model: nn.Module, cfg, ds_config: dict) -> torch.optim.Optimizer:
+    """AdamW over the torch engine's parameter groups: DeepSpeedCPUAdam where DeepSpeed keeps the
+    optimizer on the CPU (vectorised C++, much faster than torch's loop there), torch's otherwise."""
+    groups = param_groups(model, float(cfg["optim"]["weight_decay"]))
+    if not offloads_optimizer(ds_config):
+        return build_adamw(groups, cfg["optim"], fused=True)
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    o = cfg["optim"]
+    return DeepSpeedCPUAdam(groups, lr=float(o["lr"]), betas=tuple(o["betas"]), eps=float(o["eps"]), adamw_mode=True)
 
 
 class DeepSpeedEngine:
@@ -58,62 +93,49 @@ class DeepSpeedEngine:
         self._ds = deepspeed
         self.module = model
         self.device = device
-        self.bf16 = cfg["train"]["precision"] == "bf16"
-        optimizer = build_adamw(param_groups(model, float(cfg["optim"]["weight_decay"])), cfg["optim"])
         ds_config = load_ds_config(config_path, cfg, micro_batch)
-        teacher_start = [t.detach().float().cpu() for t, _ in model.teacher_pairs()]  # fp32, before bf16
+        if "torch_autocast" in ds_config:  # as the torch engine: the fp32 islands of bf16 autocast on TF32
+            tf32_for_float32_islands(device)
+        optimizer = build_optimizer(model, cfg, ds_config)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                                  config=ds_config)
         self.zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
-        self.teacher = Fp32Teacher(model.teacher_pairs(), teacher_start)
+        self.teacher = TeacherEMA(model.teacher_pairs())
         names = {id(p): n for n, p in model.named_parameters()}
         self._teacher_names = [names[id(t)] for t, _ in model.teacher_pairs()]
+        self._trained = [p for _, p in model.student_parameters() if p.requires_grad]
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        """The model's terms; under bf16, DeepSpeed's forward enters the autocast itself."""
         self.engine.train()
-        if self.bf16:  # the weights are bf16: so must the inputs of the first convolution be
-            batch = {k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                     for k, v in batch.items()}
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return self.engine(batch)
+        return self.engine(batch)
 
-    def backward_step(self, total: torch.Tensor, lr: float) -> float:
+    def backward_step(self, total: torch.Tensor, lr: float) -> torch.Tensor | float:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.engine.backward(total)
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
-        return float(norm) if norm is not None else float("nan")
+        return norm.detach() if isinstance(norm, torch.Tensor) else float("nan") if norm is None else float(norm)
 
     @torch.no_grad()
-    def weight_norm(self) -> float:
-        """Global L2 norm of the trained student weights; under ZeRO-3 each rank sums the squares of
-        its own partitions (``ds_tensor``, without their padding) and one all-reduce adds them,
-        nothing is gathered."""
-        params = [p for _, p in self.module.student_parameters() if p.requires_grad]
-        parts = [own_elements(p) if self.zero3 else p for p in params]
-        sq = torch.stack([t.detach().float().pow(2).sum().cpu() for t in parts]).sum().to(self.device)
+    def weight_norm(self) -> torch.Tensor:
+        """Global L2 norm of the trained student weights, a 0-dim tensor on the device (read in the
+        loop's one host sync); under ZeRO-3 each rank takes its own partitions (``ds_tensor``,
+        without their padding) and one all-reduce adds the squares, nothing is gathered."""
+        parts = [own_elements(p) if self.zero3 else p for p in self._trained]
+        sq = torch.stack([n.to(self.device) for n in torch._foreach_norm(parts)]).float().pow(2).sum()
         if self.zero3 and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             torch.distributed.all_reduce(sq)
-        return float(sq.sqrt())
-
-    def _gathered(self, params):
-        return self._ds.zero.GatheredParameters(list(params), enabled=self.zero3)
+        return sq.sqrt()
 
     def update_teacher(self, momentum: float) -> None:
         self.teacher.update(momentum)
 
     def model_state(self) -> dict[str, torch.Tensor]:
-        """The full state on every rank, weights in fp32: the teacher's and the trained student
-        weights' fp32 masters (a bf16 module would otherwise export its rounding)."""
-        with self._gathered(self.module.parameters()):
-            state = {k: v.detach().clone().cpu() for k, v in self.module.state_dict().items()}
-        state.update(zip(self._teacher_names, self.teacher.full(self.device)))
-        for name, p in self.module.student_parameters():
-            master = self._ds.utils.safe_get_full_fp32_param(p) if p.dtype != torch.float32 else None
-            if master is not None:  # a collective under ZeRO-3: every rank runs this same loop
-                state[name] = master.detach().reshape(state[name].shape).cpu()
-        return state
+        """The full fp32 state on every rank (ZeRO-3: gathered; a collective, every rank calls it)."""
+        with self._ds.zero.GatheredParameters(list(self.module.parameters()), enabled=self.zero3):
+            return {k: v.detach().clone().cpu() for k, v in self.module.state_dict().items()}
 
     def save(self, folder: Path, rank: int) -> None:
         """All ranks: DeepSpeed's sharded optimizer state; rank 0 also the full weights (safetensors)."""
@@ -128,5 +150,5 @@ class DeepSpeedEngine:
             raise MissingFileError(f"{folder}: no {DS_SUBDIR}/ state; it was written by the torch engine "
                                     "(resume with train.engine=torch, or start a new run)")
         self.engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=True)
-        saved = checkpoint.read_model(folder)  # the teacher's fp32 masters (model_state)
+        saved = checkpoint.read_model(folder)  # the teacher: not in the optimizer's state under ZeRO-3
         self.teacher.load([saved[name] for name in self._teacher_names])

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from gsdistill.config import load_config, save_config
 from gsdistill.errors import InputError, MissingFileError
 from gsdistill.models.backbone import create_backbone, save_backbone
-from gsdistill.pretrain import checkpoint, startup_checks
+from gsdistill.pretrain import checkpoint, config_checks, startup_checks
 from gsdistill.pretrain.distributed import rank0_then_all, setup
 from gsdistill.pretrain.loop import Trainer
 
@@ -83,16 +83,17 @@ def resolve_run_dir(cfg, run_dir: Path | None, resumed: Path | None = None) -> P
 
 
 def prepare_synthetic(cfg, out_dir: Path) -> Path:
-    """Generate, shard and embed ``data.synthetic_pages`` synthetic pages (once per run dir)."""
-    from gsdistill.tuples.shards import write_shards
-    from gsdistill.tuples.synthetic import generate_pages
+    """Generate, shard and embed ``data.synthetic_pages`` synthetic pages (once per run dir): built
+    on every core this process may use, in at least one shard per reader of the run (ranks x
+    ``data.num_workers``; :mod:`gsdistill.tuples.synthetic_build`)."""
+    from gsdistill.tuples.synthetic_build import build_synthetic
 
     d = cfg["data"]
     if not (out_dir / "manifest.json").is_file():
-        pages = generate_pages(int(d["synthetic_pages"]), seed=int(d["synthetic_seed"]),
-                               width=int(d["page_width"]), height=int(d["page_height"]),
-                               text_scale=float(d["text_scale"]))
-        write_shards(pages, out_dir)
+        readers = int(os.environ.get("WORLD_SIZE", "1")) * max(1, int(d["num_workers"]))
+        build_synthetic(int(d["synthetic_pages"]), out_dir, seed=int(d["synthetic_seed"]), width=int(d["page_width"]),
+                        height=int(d["page_height"]), text_scale=float(d["text_scale"]), readers=readers,
+                        progress=bool(cfg["train"]["progress"]))
     return embed_cached(cfg, out_dir)
 
 
@@ -158,6 +159,7 @@ def run_pretraining(cfg, run_dir: Path | None = None, batches=None) -> Path:
     from gsdistill.models.gsdistill_model import GSDistill
 
     # config checks before the process group: every rank fails alike, at once, none waits for another
+    config_checks.check_pretrain_config(cfg, data=batches is None)
     if batches is None:
         startup_checks.check_before_start(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     rank, world, device = setup(str(cfg["train"]["engine"]), str(cfg["train"]["device"]),
