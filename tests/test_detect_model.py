@@ -134,15 +134,15 @@ def test_importing_detect_keeps_pil_open_offline(tmp_path):
 
 def test_detector_backbone_sees_the_pretraining_normalisation(backbone_dir):
     """Ultralytics feeds image/255; the ViT must get exactly what pretraining fed it (ImageNet mean/std)."""
-    import albumentations as A
     import numpy as np
 
+    from gsdistill.models.view_batch import normalize_crops
     from gsdistill.tuples.synthetic import generate_pages
-    from gsdistill.views.multicrop import IMAGENET_MEAN, IMAGENET_STD
 
     page = np.array(next(iter(generate_pages(1, seed=5, width=240, height=208)))["image"].convert("RGB"))
-    x255 = torch.from_numpy(page).permute(2, 0, 1)[None].float() / 255  # what Ultralytics' preprocess gives
-    normalised = A.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD)(image=page)["image"]  # pretraining's transform
+    pixels = torch.from_numpy(page).permute(2, 0, 1)[None].contiguous()
+    x255 = pixels.float() / 255  # what Ultralytics' preprocess gives
+    normalised = normalize_crops(pixels)[0].permute(1, 2, 0).numpy()  # pretraining's: uint8 crops normalised on the device
     det = build_detector(backbone_dir, nc=2, cfg=_cfg())
     exported = load_backbone(backbone_dir).eval()
     with torch.no_grad():

@@ -26,6 +26,7 @@ import gsdistill
 from gsdistill.config import load_config
 from gsdistill.losses.syncs import HostSyncCounter
 from gsdistill.losses.validation import checks
+from gsdistill.pretrain.data_stream import host_indices
 from gsdistill.models.gsdistill_model import GSDistill
 from gsdistill.pretrain.data_stream import slice_batch, tensor_batch
 
@@ -45,7 +46,7 @@ def _step_syncs(extra: list[str], rank: int = 0, world: int = 1) -> HostSyncCoun
     torch.manual_seed(0)
     model = GSDistill(cfg).train()
     batch = slice_batch(tensor_batch(cfg, 4, seed=0), rank, world)
-    batch["mask_index"] = batch["masks"].flatten().nonzero()[:, 0]  # the data pipeline's, on the host
+    batch.update(host_indices(batch["masks"]))  # the data pipeline's mask_index and masked_views, on the host
     model(batch)["total"].backward()
     with checks(False), HostSyncCounter() as syncs:
         model(batch)["total"].backward()

@@ -11,7 +11,7 @@ from gsdistill.losses import (
 from gsdistill.losses.syncs import HostSyncCounter
 from gsdistill.losses.validation import checks, checks_enabled, set_checks
 from gsdistill.models.gsdistill_model import GSDistill
-from gsdistill.pretrain.data_stream import tensor_batch
+from gsdistill.pretrain.data_stream import host_indices, tensor_batch
 
 TINY = ["model.backbone.depth=1", "model.backbone.img_size=32", "views.global_size=32", "views.local_size=16",
         "model.dino_out_dim=64", "model.dino_hidden_dim=32", "model.dino_bottleneck_dim=16", "model.proj_dim=32"]
@@ -129,7 +129,7 @@ def test_gsdistill_step_makes_no_sync_inside_losses_with_checks_off():
         torch.testing.assert_close(on[key], off[key], rtol=1e-5, atol=1e-6)
     # only the iBOT mask's nonzero is left, and the data pipeline can hand its result over
     assert list(syncs.where) == [k for k in syncs.where if k.startswith("nonzero @ gsdistill/models/")]
-    batch["mask_index"] = batch["masks"].flatten().nonzero()[:, 0]
+    batch.update(host_indices(batch["masks"]))
     with checks(False), HostSyncCounter() as syncs:
         model(batch)["total"].backward()
     assert syncs.total == 0, dict(syncs.where)

@@ -132,8 +132,9 @@ def test_pretraining_steps_sync_the_host_twice_in_the_loop(tmp_path):
         return syncs.inside("gsdistill/pretrain/loop.py")  # {"op @ file:line": count}
 
     two, five = loop_syncs(2), loop_syncs(5)
-    # steps 3-5 add one read each of the terms before the update and of the norms after it; the
-    # first step's extra reads (the batch scan, the initial weight norm) do not repeat
-    assert sum(five.values()) - sum(two.values()) == 3 * 2
+    # the torch engine's fused AdamW skips a non-finite step on the device: steps 3-5 add ONE read
+    # each, of the terms and norms after the update; the first step's extra reads (the batch scan,
+    # the initial weight norm) do not repeat
+    assert sum(five.values()) - sum(two.values()) == 3 * 1
     grew = [k for k in five if five[k] != two.get(k, 0)]
-    assert len(grew) == 2 and all(k.startswith("tolist @ ") for k in grew), five
+    assert len(grew) == 1 and all(k.startswith("tolist @ ") for k in grew), five

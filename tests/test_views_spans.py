@@ -4,7 +4,11 @@ import pytest
 from PIL import Image
 
 from gsdistill.config import ConfigError, load_config
-from gsdistill.views.multicrop import IMAGENET_MEAN, IMAGENET_STD, MultiCropViews, span_window
+import torch
+
+from gsdistill.models.view_batch import normalize_crops
+from gsdistill.views.multicrop import MultiCropViews, span_window
+from gsdistill.views.pixels import IMAGENET_MEAN, IMAGENET_STD
 
 W, H, BAR = (600, 800, (300, 400, 360, 410))  # one 60 x 10 px black "text line" on a white page
 
@@ -18,9 +22,20 @@ def _page(pid: str = "doc-p0") -> dict:
 
 
 def _grey(view) -> np.ndarray:
-    """[3, s, s] normalised tensor -> [s, s] intensities in 0..1."""
-    a = view.numpy().transpose(1, 2, 0) * np.asarray(IMAGENET_STD) + np.asarray(IMAGENET_MEAN)
-    return a.mean(-1)
+    """[3, s, s] uint8 crop -> [s, s] intensities in 0..1."""
+    assert view.dtype == torch.uint8  # crops travel as pixels, normalised on the device
+    return view.numpy().transpose(1, 2, 0).mean(-1) / 255.0
+
+
+def test_crops_normalised_on_the_device_as_albumentations_did_in_the_workers():
+    import albumentations as A
+    pixels = np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    expected = A.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD)(image=pixels)["image"].transpose(2, 0, 1)
+    ours = normalize_crops(torch.from_numpy(pixels.transpose(2, 0, 1).copy())[None])[0]
+    assert ours.dtype == torch.float32
+    np.testing.assert_allclose(ours.numpy(), expected, atol=1e-5)
+    float_crops = torch.randn(1, 3, 4, 4)
+    assert normalize_crops(float_crops) is float_crops  # already normalised (random benchmark batches)
 
 
 def test_span_window_holds_a_point_of_the_span_and_stays_on_the_page():

@@ -42,8 +42,9 @@ from gsdistill.config import load_config
 from gsdistill.losses import validation
 from gsdistill.losses.syncs import HostSyncCounter
 from gsdistill.models.gsdistill_model import GSDistill, masked_patch_index
+from gsdistill.models.view_batch import masked_view_index, normalize_crops, whole_view_rows, with_unmasked_copies
 from gsdistill.models.vit_encoder import encode_views
-from gsdistill.pretrain.data_stream import FixedBatches, tensor_batch
+from gsdistill.pretrain.data_stream import FixedBatches, host_indices, tensor_batch
 from gsdistill.pretrain.engine_torch import TorchEngine
 from gsdistill.pretrain.loop import Trainer
 
@@ -65,24 +66,29 @@ def matmul_flops(n: int = 2048, reps: int = 5) -> float:
 
 def bare_step(model: GSDistill, batch: dict) -> None:
     """Every student forward+backward and the teacher forward the objective runs, on the same views
-    and heads; no losses."""
-    glob, local, masks = batch["global_crops"], batch["local_crops"], batch["masks"]
-    h, patches = encode_views(model.backbone, glob, masks, model.mask_token, with_patches=True)
+    and heads; no losses. As in the step: one student call per crop size (with
+    ``objective.align_views: unmasked`` the global call also takes unmasked copies of the masked
+    views, which the alignment heads read), the teacher on the views it sees, and one call of each
+    self-distillation head per network."""
+    glob, local, masks = normalize_crops(batch["global_crops"]), normalize_crops(batch["local_crops"]), batch["masks"]
+    copies = masked_view_index(masks) if model.align_views == "unmasked" else None
+    h_all, p_all = encode_views(model.backbone, *with_unmasked_copies(glob, masks, copies), model.mask_token,
+                                with_patches=True)
+    h, patches = h_all[:glob.shape[0]], p_all[:glob.shape[0]]
     h_align, p_align = h, patches
-    if model.align_views == "unmasked":  # the heads' own pass over the global views
-        h_align, p_align = encode_views(model.backbone, glob, with_patches=max(model.pool_grid.values()) > 0)
+    if copies is not None and copies.numel():
+        rows = whole_view_rows(glob.shape[0], copies)
+        h_align, p_align = h_all.index_select(0, rows), p_all.index_select(0, rows)
     h_local = encode_views(model.backbone, local)[0]
     index = masked_patch_index(masks)
-    ibot_head = model.ibot_head_name
-    outs = [model.dino_head(torch.cat([h, h_local])), getattr(model, ibot_head)(patches.flatten(0, 1)[index])]
+    outs = [o for o in model._head_logits(model, torch.cat([h, h_local]), patches.flatten(0, 1)[index])]
     for name, head in model.align.items():
         outs += [head.embed_pages(model.head_inputs(h_align, p_align, glob.shape[-2:], name)),
                  head.embed_text(model._texts(batch, name)[0])]
     with torch.no_grad():
         t_h, t_patches = encode_views(model.teacher["backbone"], glob, with_patches=True)
         t_local = encode_views(model.teacher["backbone"], local)[0]
-        model.teacher["dino_head"](torch.cat([t_h, t_local]))
-        model.teacher[ibot_head](t_patches.flatten(0, 1)[index])
+        model._head_logits(model.teacher, torch.cat([t_h, t_local]), t_patches.flatten(0, 1)[index])
     sum(o.float().sum() for o in outs).backward()
     model.zero_grad(set_to_none=True)
 
@@ -121,7 +127,7 @@ def make_trainer(name: str, pages: int, run_dir: Path, compiled: bool,
 
 def add_mask_index(trainer: Trainer) -> None:
     for batch in trainer.batches.batches:
-        batch["mask_index"] = masked_patch_index(batch["masks"])
+        batch.update(host_indices(batch["masks"]))
 
 
 def count_syncs(trainer: Trainer) -> HostSyncCounter:

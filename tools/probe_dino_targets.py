@@ -38,6 +38,7 @@ def entropy(p: torch.Tensor) -> float:
 @torch.no_grad()
 def dino_target_stats(model, views, pages: list[dict], batch_size: int) -> dict:
     """The numbers of the module docstring for ``model`` (a GSDistill with self-distillation) on ``pages``."""
+    from gsdistill.models.view_batch import normalize_crops
     from gsdistill.models.vit_encoder import encode_views
 
     if not hasattr(model, "teacher"):
@@ -49,7 +50,7 @@ def dino_target_stats(model, views, pages: list[dict], batch_size: int) -> dict:
     for start in range(0, len(pages) - batch_size + 1, batch_size):
         samples = [views(p) for p in pages[start:start + batch_size]]
         for v in range(2):
-            x = torch.stack([s["global_crops"][v] for s in samples])
+            x = normalize_crops(torch.stack([s["global_crops"][v] for s in samples]))
             h = encode_views(backbone, x)[0]
             t_logits[v].append(head(h).float())
             if v == 0:

@@ -33,10 +33,29 @@ def _local_max(x: Tensor, dim: int | None = None) -> Tensor:
     return torch.full(shape, float("-inf"), dtype=x.dtype, device=x.device)
 
 
+# exp() of an argument below float32's smallest normal (e^-87.3) takes the CPU's slow path, 300-600x
+# slower (measured: 6.5 ms vs 10 us for 40k entries), and the result is noise next to the 1 of each
+# row's or column's maximum: such arguments are floored there. float64 keeps its own range (e^-708).
+_EXP_FLOOR = {torch.float32: -87.0, torch.float64: -708.0}
+
+
+def _exp(x: Tensor) -> Tensor:
+    """``exp(x)`` for ``x <= 0`` log-masses, floored at the smallest normal (see ``_EXP_FLOOR``)."""
+    floor = _EXP_FLOOR.get(x.dtype)
+    return torch.exp(x if floor is None else x.clamp_min(floor))
+
+
+def _logsumexp_rows(x: Tensor) -> Tensor:
+    """``torch.logsumexp(x, dim=1, keepdim=True)`` with the floored exp (the row max contributes 1,
+    so the floor changes the sum by at most K * 1.6e-38)."""
+    peak = x.amax(dim=1, keepdim=True)
+    return peak + torch.log(_exp(x - peak).sum(dim=1, keepdim=True))
+
+
 def _global_logsumexp_over_batch(x: Tensor) -> Tensor:
     """``log sum_b exp(x[b, k])`` over the batch rows of all ranks -> ``[1, K]``."""
     peak = _all_reduce_max(_local_max(x, dim=0))
-    return peak + torch.log(all_reduce_sum(torch.exp(x - peak).sum(dim=0, keepdim=True)))
+    return peak + torch.log(all_reduce_sum(_exp(x - peak).sum(dim=0, keepdim=True)))
 
 
 @torch.no_grad()
@@ -84,8 +103,8 @@ def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3,
         log_q = x / temperature  # [B, K]: log Q^T up to a constant
         for _ in range(n_iters):
             log_q = log_q - _global_logsumexp_over_batch(log_q)
-            log_q = log_q - torch.logsumexp(log_q, dim=1, keepdim=True)
-        return torch.exp(log_q)
+            log_q = log_q - _logsumexp_rows(log_q)
+        return _exp(log_q)
 
 
 # exp(-60) ~ 9e-27: after a column normalisation over B_global rows (~1e6 at paper scale) entries

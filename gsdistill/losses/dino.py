@@ -48,12 +48,15 @@ class DINOLoss(TeacherCentering):
             raise ValueError("DINOLoss: no (student, teacher) pair left once same-view pairs are "
                              "excluded; give more views or ignore_diagonal=False")
         # fp32 at least, autocast off: bf16 logits lose the softmax tail, and under autocast the
-        # einsum below would run in bf16 even on fp32 inputs
+        # einsums below would run in bf16 even on fp32 inputs. No [S, B, K] log-softmax is kept:
+        # CE(q, s) = -sum_k q_k log softmax(s / T)_k = lse(s / T) sum_k q_k - <q, s> / T
         with no_autocast(student_logits[0]):
-            log_p = torch.log_softmax(fp32(torch.stack(student_logits)) / self.student_temp, dim=-1)
-            targets = torch.stack(teacher_probs).detach().to(log_p.dtype)
+            s = fp32(torch.stack(student_logits))  # [S, B, K]
+            targets = torch.stack(teacher_probs).detach().to(s.dtype)  # [T, B, K]
+            lse = torch.logsumexp(s / self.student_temp, dim=-1)  # [S, B]
             # [S, T] matrix of batch-mean cross-entropies without a [S, T, B, K] tensor
-            ce = -torch.einsum("sbk,tbk->st", log_p, targets) / shape[0]
+            ce = (torch.einsum("sb,tb->st", lse, targets.sum(dim=-1))
+                  - torch.einsum("sbk,tbk->st", s, targets) / self.student_temp) / shape[0]
             if ignore_diagonal:  # a zero-diagonal sum, not a boolean selection: no host sync
                 ce = ce * (1.0 - torch.eye(*ce.shape, dtype=ce.dtype, device=ce.device))
             return ce.sum() / n_pairs

@@ -52,8 +52,10 @@ class IBOTPatchLoss(TeacherCentering):
             return logits.sum() * 0.0
         masks = masks.to(logits.device)
         with no_autocast(logits):
-            log_p = torch.log_softmax(logits / self.student_temp, dim=-1)
-            ce = -(teacher_patch_probs.detach().to(log_p.dtype) * log_p).sum(dim=-1)
+            # CE = lse(s / T) sum_k q_k - <q, s> / T: no [M, K] log-softmax or product is kept
+            targets = teacher_patch_probs.detach().to(logits.dtype)
+            ce = (torch.logsumexp(logits / self.student_temp, dim=-1) * targets.sum(dim=-1)
+                  - torch.einsum("mk,mk->m", targets, logits) / self.student_temp)
             per_image = masks.sum(dim=1)
             image_of_patch = torch.repeat_interleave(  # masks.nonzero()[:, 0] with no host sync
                 torch.arange(masks.shape[0], device=masks.device), per_image, output_size=n_masked)

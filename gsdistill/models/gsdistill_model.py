@@ -7,7 +7,13 @@ loop backpropagates ``total``, steps, calls :meth:`update_teacher`, logs and che
 
 Views: the student sees the (iBOT-masked) global views and the local views; the teacher sees the
 unmasked global views and, when ``objective.distill_local`` (Table A1), the local views too. The
-alignment heads (``objective.align_views``) read a second, unmasked pass, the views iBOT left whole, or all.
+alignment heads (``objective.align_views``) read whole views (``unmasked``: the views iBOT left whole
+as they are, plus an unmasked copy of each masked view), the views iBOT left whole, or all.
+The step is packed as DINOv2 packs it: ONE student backbone call per crop size (the global call takes
+``[global views, unmasked copies of the masked ones]``, so no view is encoded twice the same way), one
+teacher call per crop size, and one call of each self-distillation head per network (DINO's pooled
+rows and iBOT's masked patches concatenated when they share a head). Crops may come as ``uint8``
+pixels and are normalised here, on the device (``gsdistill.models.view_batch``).
 Each term's value is per rank; cross-rank terms use ``gather_with_grad`` so that gradients averaged
 over ranks (DDP / DeepSpeed) equal those of one process holding the whole batch.
 """
@@ -24,7 +30,9 @@ from gsdistill.losses.gather import equal_sizes
 from gsdistill.models.alignment import PageTextAlignment
 from gsdistill.models.backbone import create_backbone
 from gsdistill.models.heads import DINOHead
-from gsdistill.models.vit_encoder import encode_views, grid_pool
+from gsdistill.models.page_embeddings import PageEmbeddings
+from gsdistill.models.view_batch import masked_view_index, normalize_crops, whole_view_rows, with_unmasked_copies
+from gsdistill.models.vit_encoder import encode_views, install_view_hooks
 
 HEADS, POSITIVES = {"semantic": ("sem",), "dual": ("sem", "geom"), "joint": ("joint",)}, ("multi", "single")
 ALIGN_VIEWS = ("unmasked", "visible", "masked")
@@ -44,7 +52,7 @@ def _plain(cfg) -> dict:
     return OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else dict(cfg)
 
 
-class GSDistill(nn.Module):
+class GSDistill(PageEmbeddings, nn.Module):
     """Student backbone + page/text heads + DINO head, EMA teacher, loss modules (see module doc)."""
 
     def __init__(self, cfg):
@@ -61,6 +69,7 @@ class GSDistill(nn.Module):
         if self.geom_target not in ("boxes", "mean"):
             raise ValueError(f"objective.geom_target must be 'boxes' or 'mean', got {self.geom_target!r}")
         self.backbone = create_backbone(self.backbone_cfg)
+        install_view_hooks(self.backbone)  # now, not inside a compiled step (the teacher's copy gets its own)
         if bool(m["freeze_backbone"]):  # the "random backbone, trained heads" control of the demo report
             self.backbone.requires_grad_(False)
         dim = int(self.backbone.embed_dim)
@@ -126,50 +135,6 @@ class GSDistill(nn.Module):
             self.teacher.eval()
         return self
 
-    # ---- inference API (used by gsdistill.eval and gsdistill.pretrain.checkpoint.load_model) --
-    def page_features(self, images: torch.Tensor) -> torch.Tensor:
-        """Mean-pooled page embedding ``h_p [B, C]`` of the student backbone."""
-        return encode_views(self.backbone, images)[0]
-
-    def head_inputs(self, h_p: torch.Tensor, patches: torch.Tensor | None, image_hw, name: str) -> torch.Tensor:
-        """What head ``name`` reads: ``h_p`` or its grid-pooled patch tokens (``model.*_pool_grid``)."""
-        grid = self.pool_grid[name]
-        return h_p if grid <= 0 else grid_pool(patches, tuple(image_hw), self.patch_size, grid)
-
-    def page_head_for(self, kind: str) -> str:
-        """Name of the head that serves ``kind`` = "semantic" or "geometric" retrieval.
-
-        "semantic" -> ``sem``; on a joint-head model (``objective.heads=joint``) -> ``joint``, the
-        one head trained on spans and box descriptors together, so it is the semantic head too.
-        "geometric" -> ``geom``; a model without that head (semantic-only or joint) raises.
-        """
-        if kind not in ("semantic", "geometric"):
-            raise ValueError(f"kind must be 'semantic' or 'geometric', got {kind!r}")
-        name = "geom" if kind == "geometric" else ("joint" if "joint" in self.align else "sem")
-        if name not in self.align:
-            raise ValueError(f"this model has no {name!r} head for {kind} retrieval (heads: {sorted(self.align)})")
-        return name
-
-    def _embed(self, images: torch.Tensor, kind: str) -> torch.Tensor:
-        name = self.page_head_for(kind)
-        h_p, patches = encode_views(self.backbone, images, with_patches=self.pool_grid[name] > 0)
-        return self.align[name].embed_pages(self.head_inputs(h_p, patches, images.shape[-2:], name))
-
-    def embed_pages(self, images: torch.Tensor) -> torch.Tensor:
-        """``float[B,3,H,W] -> float[B, proj_dim]``, semantic head (joint head on a joint model), L2-normalised."""
-        return self._embed(images, "semantic")
-
-    def embed_pages_geom(self, images: torch.Tensor) -> torch.Tensor:
-        return self._embed(images, "geometric")
-
-    def embed_text_sem(self, text_emb: torch.Tensor) -> torch.Tensor:
-        """Frozen-encoder embeddings ``[M, D_text] -> [M, proj_dim]`` (L2-normalised), semantic head
-        (joint head on a joint model)."""
-        return self.align[self.page_head_for("semantic")].embed_text(text_emb)
-
-    def embed_text_geom(self, text_emb: torch.Tensor) -> torch.Tensor:
-        return self.align[self.page_head_for("geometric")].embed_text(text_emb)
-
     # ---- training --------------------------------------------------------------------------
     @property
     def ibot_head_name(self) -> str:
@@ -190,11 +155,15 @@ class GSDistill(nn.Module):
         return pairs
 
     @torch.no_grad()
-    def update_teacher(self, momentum: float) -> None:
-        """``teacher = m * teacher + (1 - m) * student`` (EMA, paper 003 §4.3)."""
+    def update_teacher(self, momentum: float, skip: torch.Tensor | None = None) -> None:
+        """``teacher = m * teacher + (1 - m) * student`` (EMA, paper 003 §4.3). ``skip``: a 0-dim
+        device tensor, 1 when the optimizer skipped this step (non-finite gradients): the teacher
+        stays as it is too, decided on the device."""
         pairs = self.teacher_pairs()
-        if pairs:
-            torch._foreach_lerp_([t for t, _ in pairs], [s.detach().to(t.dtype) for t, s in pairs], 1.0 - momentum)
+        if not pairs:
+            return
+        weight = 1.0 - momentum if skip is None else (1.0 - skip.to(pairs[0][0].device)) * (1.0 - momentum)
+        torch._foreach_lerp_([t for t, _ in pairs], [s.detach().to(t.dtype) for t, s in pairs], weight)
 
     def _texts(self, batch: dict, head: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Candidate text embeddings ``[B, S, D]`` and validity ``[B, S]`` of one head."""
@@ -228,7 +197,9 @@ class GSDistill(nn.Module):
         A tensor op on the step buffer, so the schedule costs no host sync on a GPU."""
         if self.distill_warmup <= 0:
             return 1.0
-        return ((self.steps_seen + 1).float() / self.distill_warmup).clamp(max=1.0)
+        # forward() increments steps_seen in place after this; without a detached copy a compiled step
+        # got other gradients than eager (tests/test_pretrain_compile.py, measured with torch 2.14)
+        return ((self.steps_seen + 1).float() / self.distill_warmup).clamp(max=1.0).detach().clone()
 
     def _teacher_targets(self, logits: torch.Tensor, loss: nn.Module) -> torch.Tensor:
         # DINO head logits are cosines (normalised features x normalised prototypes): |t| <= 1
@@ -237,20 +208,25 @@ class GSDistill(nn.Module):
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         # record_function labels cost nothing without a profiler; tools/bench_pretrain.py times them
-        glob, local = batch["global_crops"], batch["local_crops"]
+        glob, local = normalize_crops(batch["global_crops"]), normalize_crops(batch["local_crops"])
         n_pages = len(batch["ids"])
         n_global, n_local = glob.shape[0] // n_pages, local.shape[0] // n_pages
         masks = batch["masks"] if self.use_ibot else None
         align_patches = max(self.pool_grid.values()) > 0 or self.use_patch_spread
-        with record_function("gsdistill.student_global"):
-            h_glob, patches = encode_views(self.backbone, glob, masks, getattr(self, "mask_token", None),
-                                           with_patches=self.use_ibot or align_patches)
-        h_align, p_align, visible = h_glob, patches, None
+        copies = None
         if masks is not None and self.align_views == "unmasked":
             # iBOT's masks hide up to half of a view's patches, and with them the boxes its descriptors
-            # describe: the alignment heads read a second, unmasked pass over the same global views
-            with record_function("gsdistill.student_global_unmasked"):
-                h_align, p_align = encode_views(self.backbone, glob, with_patches=align_patches)
+            # describe: the alignment heads read the masked views again, unmasked, in the same call
+            copies = masked_view_index(masks, batch.get("masked_views"))
+        with record_function("gsdistill.student_global"):
+            views, view_masks = with_unmasked_copies(glob, masks, copies)
+            h_all, p_all = encode_views(self.backbone, views, view_masks, getattr(self, "mask_token", None),
+                                        with_patches=self.use_ibot or align_patches)
+        h_glob, patches = h_all[:glob.shape[0]], None if p_all is None else p_all[:glob.shape[0]]
+        h_align, p_align, visible = h_glob, patches, None
+        if copies is not None and copies.numel():
+            rows = whole_view_rows(glob.shape[0], copies)
+            h_align, p_align = h_all.index_select(0, rows), None if p_all is None else p_all.index_select(0, rows)
         elif masks is not None and self.align_views == "visible":  # same pass; anchors = views left whole
             visible = ~masks.to(glob.device).any(dim=1)  # a tensor mask: no host sync
         terms: dict[str, torch.Tensor] = {}
@@ -285,32 +261,45 @@ class GSDistill(nn.Module):
                 self._host_steps += 1
         return terms
 
+    def _head_logits(self, net: nn.Module, pooled: torch.Tensor | None,
+                     masked: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Prototype logits of one network (student or teacher) for its pooled rows (DINO) and masked
+        patch rows (iBOT): ONE call of the head they share (DINOv2 concatenates the class tokens and
+        the masked patches), one call each when iBOT has its own head."""
+        dino, ibot = net.dino_head, getattr(net, self.ibot_head_name)
+        if dino is ibot and pooled is not None and masked is not None:
+            logits = dino(torch.cat([pooled, masked]))
+            return logits[:pooled.shape[0]], logits[pooled.shape[0]:]
+        return (None if pooled is None else dino(pooled)), (None if masked is None else ibot(masked))
+
     def _self_distillation(self, glob, local, masks, batch_index, h_glob, patches, n_global, n_local) -> dict:
         out = {}
+        teacher_local = self.use_distill and self.distill_local and n_local > 0
+        index = masked_patch_index(masks, batch_index) if self.use_ibot else None
         with torch.no_grad(), record_function("gsdistill.teacher"):
             t_glob, t_patch = encode_views(self.teacher["backbone"], glob, with_patches=self.use_ibot)
-            t_local = None
-            if self.use_distill and self.distill_local and n_local:
-                t_local = self.teacher["dino_head"](encode_views(self.teacher["backbone"], local)[0])
+            t_pooled = None
+            if self.use_distill:
+                t_pooled = torch.cat([t_glob, encode_views(self.teacher["backbone"], local)[0]]) if teacher_local \
+                    else t_glob
+            t_masked = t_patch.flatten(0, 1).index_select(0, index) if self.use_ibot else None
+            t_dino, t_ibot = self._head_logits(self.teacher, t_pooled, t_masked)
+        s_pooled = None
         if self.use_distill:
             with record_function("gsdistill.student_local"):
-                h_local = encode_views(self.backbone, local)[0]
+                s_pooled = torch.cat([h_glob, encode_views(self.backbone, local)[0]])
+        with record_function("gsdistill.heads"):
+            s_masked = patches.flatten(0, 1).index_select(0, index) if self.use_ibot else None
+            s_dino, s_ibot = self._head_logits(self, s_pooled, s_masked)
+        if self.use_distill:
             with record_function("gsdistill.distill"):
-                with torch.no_grad():
-                    t_logits = self.teacher["dino_head"](t_glob)
-                student = self.dino_head(torch.cat([h_glob, h_local]))
-                s_views = list(student.chunk(n_global + n_local))
-                teacher_views = list(self._teacher_targets(t_logits, self.dino_loss).chunk(n_global))
-                if t_local is not None:
-                    teacher_views += list(self._teacher_targets(t_local, self.dino_loss).chunk(n_local))
-                out["distill"] = self.dino_loss(s_views, teacher_views, ignore_diagonal=True)
+                n_glob = glob.shape[0]
+                teacher_views = list(self._teacher_targets(t_dino[:n_glob], self.dino_loss).chunk(n_global))
+                if teacher_local:
+                    teacher_views += list(self._teacher_targets(t_dino[n_glob:], self.dino_loss).chunk(n_local))
+                out["distill"] = self.dino_loss(list(s_dino.chunk(n_global + n_local)), teacher_views,
+                                                ignore_diagonal=True)
         if self.use_ibot:
             with record_function("gsdistill.ibot"):
-                index = masked_patch_index(masks, batch_index)
-                part = self.ibot_head_name
-                s_patch = getattr(self, part)(patches.flatten(0, 1).index_select(0, index))
-                with torch.no_grad():
-                    t_masked = t_patch.flatten(0, 1).index_select(0, index)
-                    t_patch_probs = self._teacher_targets(self.teacher[part](t_masked), self.ibot_loss)
-                out["ibot"] = self.ibot_loss(s_patch, t_patch_probs, masks)
+                out["ibot"] = self.ibot_loss(s_ibot, self._teacher_targets(t_ibot, self.ibot_loss), masks)
         return out

@@ -2,48 +2,60 @@
 
 The backbone is always called as a module (``backbone(x)``), never through its internal methods,
 so DeepSpeed ZeRO-3 (which gathers a module's partitioned weights in its forward hooks) sees every
-parameter, including the ViT's own ``cls_token`` / ``pos_embed``. Two temporary forward hooks do
-the rest:
+parameter, including the ViT's own ``cls_token`` / ``pos_embed``. Two forward hooks, installed once
+per backbone (:func:`install_view_hooks`), do the rest, reading what this call asks for from a small
+state object on the backbone:
 
 - on ``patch_embed``: replace masked patch embeddings by the learnable mask token (iBOT / DINOv2:
   before the position embedding is added, so a masked patch keeps its position);
 - on ``norm`` (the identity when ``global_pool='avg'``): keep the token sequence, whose patch part
   (after the ViT's ``fc_norm``) feeds the iBOT head.
 
+Installed once, not added and removed around each call: ``torch.compile`` traces the whole step
+through them without a graph break (a hook registered inside a compiled region breaks the graph).
+
 ``h_p`` is timm's own mean pooling over patch tokens followed by ``fc_norm`` (Table A2: mean pooling).
 """
 from __future__ import annotations
-
-from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import nn
 
 
-@contextmanager
-def _hooks(backbone: nn.Module, masks: torch.Tensor | None, mask_token: torch.Tensor | None,
-           store: dict) -> Iterator[None]:
-    handles = []
+class _ViewState:
+    """What the next ``backbone(images)`` call should do: masks to apply, tokens to keep."""
 
-    def apply_mask(_module, _inputs, out):
-        # out: [B, H, W, C] (dynamic_img_size keeps the grid) or [B, P, C]
-        flat_mask = masks.reshape(out.shape[:-1]).unsqueeze(-1)
-        return torch.where(flat_mask, mask_token.to(out.dtype).expand_as(out), out)
+    def __init__(self) -> None:
+        self.masks: torch.Tensor | None = None
+        self.mask_token: torch.Tensor | None = None
+        self.tokens: torch.Tensor | None = None
 
-    def keep_tokens(_module, _inputs, out):
-        store["tokens"] = out
 
-    if masks is not None:
-        if mask_token is None:
-            raise ValueError("iBOT masks were given but the model has no mask token (ibot disabled)")
-        handles.append(backbone.patch_embed.register_forward_hook(apply_mask))
-    handles.append(backbone.norm.register_forward_hook(keep_tokens))
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+def _apply_mask(module: nn.Module, _inputs, out: torch.Tensor) -> torch.Tensor:
+    state = module._gsdistill_views
+    if state.masks is None:
+        return out
+    # out: [B, H, W, C] (dynamic_img_size keeps the grid) or [B, P, C]
+    flat_mask = state.masks.reshape(out.shape[:-1]).unsqueeze(-1)
+    return torch.where(flat_mask, state.mask_token.to(out.dtype).expand_as(out), out)
+
+
+def _keep_tokens(module: nn.Module, _inputs, out: torch.Tensor) -> None:
+    module._gsdistill_views.tokens = out
+
+
+def install_view_hooks(backbone: nn.Module) -> _ViewState:
+    """The backbone's view state, with its two hooks registered on first use. The hooks are plain
+    functions that find the state on the module they run on, so a ``deepcopy`` of the backbone (the
+    EMA teacher) gets its own state and hooks that read it."""
+    state = getattr(backbone.patch_embed, "_gsdistill_views", None)
+    if state is not None:
+        return state
+    state = _ViewState()
+    for module, hook in ((backbone.patch_embed, _apply_mask), (backbone.norm, _keep_tokens)):
+        object.__setattr__(module, "_gsdistill_views", state)  # a plain attribute: no state_dict entry
+        module.register_forward_hook(hook)
+    return state
 
 
 def encode_views(backbone: nn.Module, images: torch.Tensor, masks: torch.Tensor | None = None,
@@ -54,18 +66,23 @@ def encode_views(backbone: nn.Module, images: torch.Tensor, masks: torch.Tensor 
         dim = int(backbone.embed_dim)
         return images.new_zeros(0, dim), (images.new_zeros(0, 0, dim) if with_patches else None)
     if masks is not None:
+        if mask_token is None:
+            raise ValueError("iBOT masks were given but the model has no mask token (ibot disabled)")
         grid = (images.shape[-2] // backbone.patch_embed.patch_size[0]) * \
                (images.shape[-1] // backbone.patch_embed.patch_size[1])
         if masks.shape != (images.shape[0], grid):
             raise ValueError(f"masks shape {tuple(masks.shape)} does not fit images {tuple(images.shape)} "
                              f"(expected ({images.shape[0]}, {grid}))")
-    store: dict = {}
-    with _hooks(backbone, masks, mask_token, store):
+    state = install_view_hooks(backbone)
+    state.masks, state.mask_token = masks, mask_token
+    try:
         pooled = backbone(images)
+        tokens = state.tokens
+    finally:
+        state.masks, state.mask_token, state.tokens = None, None, None
     patches = None
     if with_patches:
-        tokens = store["tokens"][:, backbone.num_prefix_tokens:]
-        patches = backbone.fc_norm(tokens)
+        patches = backbone.fc_norm(tokens[:, backbone.num_prefix_tokens:])
     return pooled, patches
 
 

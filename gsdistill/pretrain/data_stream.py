@@ -25,7 +25,7 @@ def slice_batch(batch: dict, rank: int, world: int) -> dict:
     lo, hi = rank * per, (rank + 1) * per
     out = {}
     for key, value in batch.items():
-        if key == "mask_index":  # flat indices into the whole batch's masks: recomputed by to_device
+        if key in HOST_INDICES:  # indices into the whole batch's masks: recomputed by to_device
             continue
         if key == "ids":
             out[key] = value[lo:hi]
@@ -39,11 +39,22 @@ def slice_batch(batch: dict, rank: int, world: int) -> dict:
     return out
 
 
+HOST_INDICES = ("mask_index", "masked_views")
+
+
+def host_indices(masks: torch.Tensor) -> dict:
+    """The iBOT masks' flat indices (``mask_index``) and the rows of the masked views
+    (``masked_views``), computed where the masks are: on the host they cost no device sync."""
+    return {"mask_index": masks.flatten().nonzero()[:, 0], "masked_views": masks.any(dim=1).nonzero()[:, 0]}
+
+
 def to_device(batch: dict, device: torch.device) -> dict:
-    """Move a (this rank's) batch to ``device``; the iBOT masks' flat indices are computed here, on the
-    host where the masks still are, so the model's ``patches[masks]`` costs no GPU host sync."""
+    """Move a (this rank's) batch to ``device``; the iBOT masks' indices are computed here, on the
+    host where the masks still are, so the model's ``patches[masks]`` costs no GPU host sync. Crops
+    travel as they come (``uint8`` from the views pipeline: a quarter of float32's bytes) and are
+    normalised on the device by the model."""
     if isinstance(batch.get("masks"), torch.Tensor) and "mask_index" not in batch and batch["masks"].device.type == "cpu":
-        batch = {**batch, "mask_index": batch["masks"].flatten().nonzero()[:, 0]}
+        batch = {**batch, **host_indices(batch["masks"])}
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 

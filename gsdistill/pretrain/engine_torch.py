@@ -7,11 +7,14 @@ the loop uses: ``forward(batch) -> terms``, ``backward_step(total, lr) -> grad_n
 ``model_state()``, ``module``. Here both norms are 0-dim tensors on the device: the loop reads
 them back together, in its one host sync after the update.
 
-``train.compile``: ``torch.compile`` of the transformer blocks (student and teacher) and of every
-head, in place (``nn.Module.compile``: parameter names and checkpoints are unchanged). The
-backbone's own forward stays eager: it carries the temporary iBOT-masking and token hooks of
-``gsdistill.models.vit_encoder``, which would force a recompile per call. Off by default until it
-measures faster (``tools/bench_pretrain.py`` times eager and compiled steps side by side).
+``train.compile``: ``torch.compile`` of the whole forward of the step (student and teacher backbones,
+every head, every loss term and the teacher targets) as ONE graph (``nn.Module.compile`` in place:
+parameter names and checkpoints are unchanged; backward is compiled with it by AOTAutograd). The
+ViT's iBOT-masking and token hooks are installed once, so nothing breaks the graph; the iBOT row
+counts (``mask_index``, ``masked_views``) change every step and are marked dynamic, so one symbolic
+graph serves every masking. With ``objective.teacher_temp_warmup_steps > 0`` the host-side schedule
+splits it in pieces. Default off, chosen by measurement (docs/benchmarks.md, "Pretraining step"):
+on the CPU the first step compiles for minutes and the compiled step is slower than eager.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from gsdistill.errors import InputError
+from gsdistill.losses.precision import tf32_for_float32_islands
 from gsdistill.pretrain import checkpoint
 
 
@@ -54,16 +58,10 @@ def build_adamw(groups: list[dict], optim_cfg, fused: bool = False) -> torch.opt
     return torch.optim.AdamW(groups, **kwargs)
 
 
-def compile_parts(model: nn.Module) -> list[str]:
-    """Compile (lazily, in place) the blocks and heads named in the module docstring; their names."""
-    names = []
-    for name, module in model.named_modules():
-        last = name.rsplit(".", 1)[-1]
-        in_blocks = name.rsplit(".", 1)[0].endswith("blocks") and last.isdigit()
-        if (in_blocks or last in ("dino_head", "ibot_head", "head", "text_proj")) and not isinstance(module, nn.Identity):
-            module.compile()
-            names.append(name)
-    return names
+def compile_step(model: nn.Module, backend="inductor") -> None:
+    """Compile ``model``'s forward in place (see the module docstring); ``backend``: ``aot_eager``
+    in tests (the same graph capture and autograd, no code generation)."""
+    model.compile(backend=backend)
 
 
 class TorchEngine:
@@ -80,7 +78,12 @@ class TorchEngine:
         self.optimizer = build_adamw(param_groups(model, float(cfg["optim"]["weight_decay"])), cfg["optim"], fused=True)
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.wrapped: nn.Module = model
-        self.compiled = compile_parts(model) if bool(cfg["train"].get("compile", False)) else []
+        self._skipped: torch.Tensor | None = None  # 1.0 on the device when the last update was skipped
+        if self.autocast:
+            tf32_for_float32_islands(device)
+        self.compiled = bool(cfg["train"].get("compile", False))
+        if self.compiled:
+            compile_step(model)
         if world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
             # buffers (text queues, DINO centres) evolve identically on every rank: no broadcast
@@ -89,12 +92,27 @@ class TorchEngine:
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         self.module.train()
+        if self.compiled:  # a new masking changes these lengths: one symbolic graph, no recompile per step
+            from torch._dynamo import maybe_mark_dynamic
+
+            for key in ("mask_index", "masked_views"):
+                if isinstance(batch.get(key), torch.Tensor):
+                    maybe_mark_dynamic(batch[key], 0)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             return self.wrapped(batch)
 
+    @property
+    def guards_on_device(self) -> bool:
+        """True with torch's fused AdamW: a step whose gradient norm is not finite is skipped by the
+        kernel itself (its ``found_inf`` input, as GradScaler uses it), so the loop needs no host sync
+        between forward and backward. The per-tensor AdamW has no such input."""
+        return bool(self.optimizer.defaults.get("fused"))
+
     def backward_step(self, total: torch.Tensor, lr: float) -> torch.Tensor:
         """Backward, clip, AdamW step at learning rate ``lr``; return the pre-clip global grad norm
-        (a 0-dim tensor: reading it is the caller's host sync)."""
+        (a 0-dim tensor: reading it is the caller's host sync). With :attr:`guards_on_device` a
+        non-finite norm skips the update (weights, moments and step count unchanged) and the next
+        :meth:`update_teacher`, with no host sync."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
@@ -103,6 +121,9 @@ class TorchEngine:
         with record_function("gsdistill.optimizer"):
             max_norm = self.clip if self.clip > 0 else math.inf
             norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+            if self.guards_on_device:
+                self._skipped = (~torch.isfinite(norm)).to(torch.float32)
+                self.optimizer.found_inf = self._skipped
             self.optimizer.step()
         return norm.detach()
 
@@ -112,8 +133,9 @@ class TorchEngine:
         return torch.linalg.vector_norm(torch.stack(torch._foreach_norm([p.float() for p in self.params])))
 
     def update_teacher(self, momentum: float) -> None:
+        """EMA teacher update; skipped on the device with the optimizer step it follows."""
         with record_function("gsdistill.ema"):
-            self.module.update_teacher(momentum)
+            self.module.update_teacher(momentum, skip=self._skipped)
 
     def model_state(self) -> dict[str, torch.Tensor]:
         return self.module.state_dict()

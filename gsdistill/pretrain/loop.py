@@ -6,15 +6,19 @@ An *engine* holds the model and its optimiser: ``forward(batch) -> {name: loss t
 has a JSON ``position`` it can ``restore``. A :class:`LoopPlan` says how many steps, the schedules
 and what to log; :func:`pretrain_plan` reads it from the pretraining config.
 
-Per step: next batch -> ``engine.forward`` -> one host sync that fetches every term (averaged over
-ranks in the same all-reduce), whether any rank's batch holds NaN/inf and whether a signal came ->
-``engine.backward_step`` at the scheduled learning rate -> one host sync for the grad and weight
-norms -> EMA teacher -> log -> checkpoint every ``ckpt_every`` steps, at the end, at ``stop_after``
-and on SIGINT/SIGTERM. After the first step the losses' own value checks (each a host sync) are
+Per step: next batch (on CUDA copied to the device on a side stream during the previous step,
+``gsdistill.pretrain.prefetch``) -> ``engine.forward`` -> ``engine.backward_step`` at the scheduled
+learning rate -> EMA teacher -> ONE host sync after the update that fetches every term, the grad
+and weight norms (averaged over ranks in the same all-reduce), whether any rank's batch holds
+NaN/inf and whether a signal came -> log -> checkpoint every ``ckpt_every`` steps, at the end, at
+``stop_after`` and on SIGINT/SIGTERM. This needs an engine that skips a non-finite update on the
+device (``engine.guards_on_device``: the torch engine's fused AdamW); with any other engine the
+terms are read before the update (a NaN/inf term stops the run before it) and the norms after it,
+two host syncs. After the first step the losses' own value checks (each a host sync) are
 turned off unless ``check_every_step`` (``train.debug_checks``); the loop watches the terms itself.
 
 The run stops with :class:`TrainingDiverged` before any bad state reaches a checkpoint: a NaN/inf
-loss stops it before the update; weights that turn non-finite or whose global norm grows more than
+loss stops it with its update skipped (on the device, or before it); weights that turn non-finite or whose global norm grows more than
 ``WEIGHT_GROWTH_LIMIT``-fold in one step stop it before that step's checkpoint. A batch holding
 NaN/inf stops it with :class:`NonFiniteBatch`, naming the pages. Pruning removes only this run's
 own checkpoints, by step number.
@@ -38,7 +42,7 @@ from tqdm import tqdm
 from gsdistill.errors import InputError, TrainingDiverged, TrainingInterrupted
 from gsdistill.losses import validation
 from gsdistill.pretrain import checkpoint
-from gsdistill.pretrain.data_stream import to_device
+from gsdistill.pretrain.prefetch import DeviceFeed
 from gsdistill.pretrain.distributed import any_rank
 from gsdistill.pretrain.metrics_log import LOSS_TERMS
 from gsdistill.pretrain.schedules import cosine_with_warmup, teacher_momentum
@@ -124,6 +128,7 @@ class Trainer:
     def __init__(self, cfg, run_dir: Path, engine, batches, rank: int = 0, world: int = 1,
                  device: torch.device = torch.device("cpu"), plan: LoopPlan | None = None):
         self.cfg, self.run_dir, self.engine, self.batches = cfg, Path(run_dir), engine, batches
+        self.feed = DeviceFeed(batches, device)  # on CUDA: the next batch copied while this step runs
         self.rank, self.world, self.device = rank, world, device
         self.plan = plan or pretrain_plan(cfg)
         self.ckpt_root = self.run_dir / "checkpoints"
@@ -145,7 +150,7 @@ class Trainer:
         final = self.ckpt_root / checkpoint.checkpoint_name(self.step)
         self.own_checkpoints = [p for p in self.own_checkpoints if p != final] + [final]
         if self.rank == 0:
-            state = {"step": self.step, "data_position": self.batches.position, "world_size": self.world,
+            state = {"step": self.step, "data_position": self.feed.position, "world_size": self.world,
                      "metrics": metrics or {}, "engine": self.plan.engine}
             checkpoint.finalize(self.ckpt_root, self.step, state, self.cfg)
             self.own_checkpoints = checkpoint.prune(self.own_checkpoints, self.plan.keep_checkpoints)
@@ -167,7 +172,7 @@ class Trainer:
                              "would change the data split; resume with the same number of processes")
         self.engine.load(ckpt)
         checkpoint.restore_rng(ckpt, self.rank)
-        self.batches.restore(state["data_position"])
+        self.feed.restore(state["data_position"])
         self.step = int(state["step"])
         self.last_checkpoint = ckpt
         if ckpt.parent == self.ckpt_root:  # the resumed run's checkpoints up to here are this run's history
@@ -199,20 +204,23 @@ class Trainer:
                              f"not {self.plan.lr_key}: rebuild those pages' text cache (gsdistill tuples embed) or "
                              f"drop them. Last good checkpoint: {self.last_checkpoint or 'none written yet'}.")
 
-    def _fetch_terms(self, terms: dict, batch_bad: torch.Tensor) -> tuple[dict[str, float], bool, bool]:
-        """The one host sync before the update: every term averaged over ranks, and whether any rank's
-        batch held NaN/inf or got a signal (one all-reduce of one vector; NaN anywhere stays NaN)."""
+    def _fetch_terms(self, terms: dict, batch_bad: torch.Tensor,
+                     norms: tuple = ()) -> tuple[dict[str, float], bool, bool, list[float]]:
+        """One host sync: every term averaged over ranks, whether any rank's batch held NaN/inf or got
+        a signal, and the ``norms`` (identical on every rank) when given (one all-reduce of one
+        vector; NaN anywhere stays NaN)."""
         keys = list(terms)  # the engine's order, the same on every rank
         parts = [torch.as_tensor(terms[k], dtype=torch.float64, device=self.device).detach().reshape(())
                  for k in keys]
+        parts += [torch.as_tensor(n, dtype=torch.float64, device=self.device).detach().reshape(()) for n in norms]
         parts += [batch_bad, torch.tensor(float(self._signal is not None), dtype=torch.float64, device=self.device)]
         packed = torch.stack(parts)
         if self.world > 1:
             dist.all_reduce(packed)
-            packed[:len(keys)] /= self.world
+            packed[:-2] /= self.world
         *vals, bad, sig = packed.tolist()
         self.host_syncs += 1
-        return dict(zip(keys, vals)), bad > 0, sig > 0
+        return dict(zip(keys, vals[:len(keys)])), bad > 0, sig > 0, vals[len(keys):]
 
     def _fetch_norms(self, grad_norm, weight_norm) -> tuple[float, float]:
         """The one host sync after the update (engines may return tensors or floats)."""
@@ -234,32 +242,60 @@ class Trainer:
         self._weight_norm = norm
 
     # ---- the loop --------------------------------------------------------------------------
+    def _checked_update(self, batch: dict, terms: dict, lr: float, momentum: float | None) -> tuple:
+        """Read the terms back, then update (engines that cannot skip an update on the device): a
+        NaN/inf term stops the run before the update; the norms are a second read after it."""
+        values, batch_bad, signalled, _ = self._fetch_terms(terms, batch_is_bad(batch, self.device))
+        self._raise_if_bad(batch, values, batch_bad)
+        grad_norm = self.engine.backward_step(terms["total"], lr)
+        grad_norm, weight_norm = self._fetch_norms(grad_norm, self.engine.weight_norm())
+        self._check_weights(weight_norm)
+        if momentum is not None:
+            self.engine.update_teacher(momentum)
+        return values, grad_norm, weight_norm, signalled
+
+    def _guarded_update(self, batch: dict, terms: dict, lr: float, momentum: float | None) -> tuple:
+        """Backward, update and EMA queued at once, with no host sync between forward and backward:
+        the engine skips the optimizer and EMA updates on the device when the gradient norm is not
+        finite (the same on every rank after the gradient all-reduce). One read after it all: terms,
+        batch flag, signal and norms; a bad step stops the run with its update already skipped."""
+        grad_norm = self.engine.backward_step(terms["total"], lr)
+        if momentum is not None:
+            self.engine.update_teacher(momentum)
+        values, batch_bad, signalled, (grad_norm, weight_norm) = self._fetch_terms(
+            terms, batch_is_bad(batch, self.device), (grad_norm, self.engine.weight_norm()))
+        self._raise_if_bad(batch, values, batch_bad, "the update was skipped on the device")
+        if not math.isfinite(grad_norm):
+            self._diverged(f"NaN/inf gradients (global norm {grad_norm}); the update was skipped on the device")
+        self._check_weights(weight_norm)
+        return values, grad_norm, weight_norm, signalled
+
+    def _raise_if_bad(self, batch: dict, values: dict, batch_bad: bool, note: str = "") -> None:
+        if batch_bad:
+            self._bad_batch(batch)
+        bad = [k for k, v in values.items() if not math.isfinite(v)]
+        if bad:
+            self._diverged(f"NaN/inf loss terms {bad}" + (" (on at least one rank)" if self.world > 1 else "")
+                           + (f"; {note}" if note else ""))
+
     def _one_step(self) -> dict:
         p = self.plan
         t0 = time.perf_counter()
         with record_function("gsdistill.data"):
-            batch = to_device(next(self.batches), self.device)
+            batch = next(self.feed)
         checks = validation.checks_enabled()
         if checks and any_rank(bool(non_finite_pages(batch)), self.device):  # first step: before the losses see it
             self._bad_batch(batch)
         t1 = time.perf_counter()
         lr = p.lr_at(self.step)
         terms = self.engine.forward(batch)
-        values, batch_bad, signalled = self._fetch_terms(terms, batch_is_bad(batch, self.device))
-        if batch_bad:
-            self._bad_batch(batch)
-        bad = [k for k, v in values.items() if not math.isfinite(v)]
-        if bad:
-            self._diverged(f"NaN/inf loss terms {bad}" + (" (on at least one rank)" if self.world > 1 else ""))
         if self._weight_norm is None:
             self._weight_norm = float(self.engine.weight_norm())
-        grad_norm = self.engine.backward_step(terms["total"], lr)
-        grad_norm, weight_norm = self._fetch_norms(grad_norm, self.engine.weight_norm())
-        self._check_weights(weight_norm)
-        extra = {}
-        if p.momentum_at is not None:
-            extra["momentum"] = p.momentum_at(self.step)
-            self.engine.update_teacher(extra["momentum"])
+        extra = {"momentum": p.momentum_at(self.step)} if p.momentum_at is not None else {}
+        if getattr(self.engine, "guards_on_device", False):
+            values, grad_norm, weight_norm, signalled = self._guarded_update(batch, terms, lr, extra.get("momentum"))
+        else:
+            values, grad_norm, weight_norm, signalled = self._checked_update(batch, terms, lr, extra.get("momentum"))
         if checks and not p.check_every_step:
             validation.set_checks(False)  # one good step seen: the loop watches the terms from here on
         self.step += 1

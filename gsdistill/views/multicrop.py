@@ -19,6 +19,8 @@ seen near its native size (with ``local_span_px`` = 96 and ``local_size`` = 64, 
 72 dpi page is about 7 px high): the paper's local views are crops of the page at its own
 resolution, the only views in which a CPU-sized model can see real text.
 
+Crops are ``uint8`` pixels (``gsdistill.views.pixels``): the model normalises them on its device.
+
 ``collate_pretrain`` stacks samples into the view-major batch the model consumes
 (:meth:`gsdistill.models.gsdistill_model.GSDistill.forward`): every page's view 0, then every
 page's view 1, ...
@@ -34,8 +36,6 @@ import torch
 
 from gsdistill.views.masking import view_mask
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 LOCAL_MODES = ("random", "spans")
 
 
@@ -53,7 +53,6 @@ def _pipeline(size: int, scale: tuple[float, float], hflip: bool, color_jitter: 
         ops.append(A.ToGray(p=0.2))
     if blur_prob > 0:
         ops.append(A.GaussianBlur(blur_limit=(3, 5), p=blur_prob))
-    ops.append(A.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD))
     if not track_boxes:
         return A.Compose(ops)
     return A.Compose(ops, bbox_params=A.BboxParams(format="pascal_voc", label_fields=["labels"],
@@ -61,14 +60,14 @@ def _pipeline(size: int, scale: tuple[float, float], hflip: bool, color_jitter: 
 
 
 def _photometric(size: int, color_jitter: float, blur_prob: float) -> A.Compose:
-    """Resize an already cut region to ``size`` (area interpolation when shrinking), jitter, normalise."""
+    """Resize an already cut region to ``size`` (area interpolation when shrinking), jitter."""
     ops = [A.Resize(size, size, interpolation=cv2.INTER_AREA)]
     if color_jitter > 0:
         cj = color_jitter
         ops += [A.ColorJitter(brightness=cj, contrast=cj, saturation=cj / 2, hue=0.05, p=0.8), A.ToGray(p=0.2)]
     if blur_prob > 0:
         ops.append(A.GaussianBlur(blur_limit=(3, 5), p=blur_prob))
-    return A.Compose([*ops, A.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD)])
+    return A.Compose(ops)
 
 
 def span_window(page: dict, side_px: float, rng: np.random.Generator) -> tuple[int, int, int, int]:
@@ -151,7 +150,7 @@ class MultiCropViews:
         x0, y0, x1, y1 = window
         self.span_tf.set_random_seed(int(rng.integers(2**31)))
         out = self.span_tf(image=np.ascontiguousarray(image[y0:y1, x0:x1]))
-        tensor = torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1))).float()
+        tensor = torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1)))
         return tensor, (None if boxes is None else _shift_boxes(boxes, window, self.local_size))
 
     def _view(self, tf: A.Compose, rng: np.random.Generator, image: np.ndarray, boxes) -> tuple:
@@ -160,7 +159,7 @@ class MultiCropViews:
             out = tf(image=image)
         else:
             out = tf(image=image, bboxes=boxes[0], labels=boxes[1])
-        tensor = torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1))).float()
+        tensor = torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1)))
         if boxes is None:
             return tensor, None
         return tensor, {"bboxes": np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4),
@@ -216,7 +215,7 @@ def collate_pretrain(samples: list[dict]) -> dict:
         batch["local_crops"] = torch.stack([s["local_crops"][v] for v in range(n_l) for s in samples])
     else:
         size = samples[0]["global_crops"][0].shape[-1]
-        batch["local_crops"] = torch.zeros(0, 3, size, size)
+        batch["local_crops"] = torch.zeros(0, 3, size, size, dtype=batch["global_crops"].dtype)
     dim = samples[0]["sem_emb"].shape[-1] if len(samples[0]["sem_emb"].shape) == 2 else 0
     dim = dim or int(samples[0]["sp_sem_emb"].shape[-1])
     batch["sem_emb"], batch["sem_valid"] = _pad([s["sem_emb"].reshape(-1, dim) for s in samples], dim)
