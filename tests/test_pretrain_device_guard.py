@@ -9,7 +9,7 @@ import torch
 
 from gsdistill.losses.syncs import HostSyncCounter
 from gsdistill.models.gsdistill_model import GSDistill
-from gsdistill.pretrain.data_stream import FixedBatches, tensor_batch
+from gsdistill.pretrain.data_stream import FixedBatches, host_indices, tensor_batch
 from gsdistill.pretrain.engine_torch import TorchEngine
 from gsdistill.pretrain.loop import NonFiniteBatch, Trainer
 from test_pretrain_train import NaNAtStep, tiny
@@ -23,14 +23,29 @@ def _trainer(tmp_path, batches) -> Trainer:
     return Trainer(cfg, tmp_path, engine, batches)
 
 
+class _Same(FixedBatches):
+    """The same batch every step, host indices included (FixedBatches recomputes them per rank)."""
+
+    def __init__(self, batch):
+        super().__init__([batch])
+        self.batch = batch
+
+    def __next__(self):
+        super().__next__()
+        return self.batch
+
+
 def test_no_host_sync_between_forward_and_backward(tmp_path):
     cfg = tiny()
-    trainer = _trainer(tmp_path, FixedBatches([tensor_batch(cfg, 4, seed=0)]))
-    engine, gaps = trainer.engine, []
+    batch = tensor_batch(cfg, 4, seed=0)
+    batch.update(host_indices(batch["masks"]))  # as the data pipeline hands them over
+    trainer = _trainer(tmp_path, _Same(batch))
+    engine, gaps, starts = trainer.engine, [], []
     counter = HostSyncCounter()
     forward, backward = engine.forward, engine.backward_step
 
     def timed_forward(batch):
+        starts.append(counter.total)
         out = forward(batch)
         gaps.append(counter.total)
         return out
@@ -45,6 +60,8 @@ def test_no_host_sync_between_forward_and_backward(tmp_path):
         trainer.fit()
     # the first step reads the initial weight norm (once per run); then nothing until the update
     assert gaps[1:] == [0, 0, 0], gaps
+    per_step = [b - a for a, b in zip(starts, starts[1:] + [counter.total])]
+    assert per_step[1:] == [1, 1, 1], (per_step, dict(counter.where))  # the loop's one read, nothing else
     assert trainer.host_syncs == 4 + 0  # one read of terms and norms per step, after the update
 
 

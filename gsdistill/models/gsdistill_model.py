@@ -162,8 +162,15 @@ class GSDistill(PageEmbeddings, nn.Module):
         pairs = self.teacher_pairs()
         if not pairs:
             return
-        weight = 1.0 - momentum if skip is None else (1.0 - skip.to(pairs[0][0].device)) * (1.0 - momentum)
-        torch._foreach_lerp_([t for t, _ in pairs], [s.detach().to(t.dtype) for t, s in pairs], weight)
+        teachers, students = [t for t, _ in pairs], [s.detach().to(t.dtype) for t, s in pairs]
+        if skip is None:
+            torch._foreach_lerp_(teachers, students, 1.0 - momentum)
+            return
+        # a device tensor weight: lerp reads it back to the host (HostSyncCounter), mul does not
+        weight = (1.0 - skip.to(teachers[0].device, teachers[0].dtype)) * (1.0 - momentum)
+        steps = torch._foreach_sub(students, teachers)
+        torch._foreach_mul_(steps, weight)
+        torch._foreach_add_(teachers, steps)
 
     def _texts(self, batch: dict, head: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Candidate text embeddings ``[B, S, D]`` and validity ``[B, S]`` of one head."""
