@@ -25,12 +25,12 @@ from torch import nn
 from ultralytics.nn import tasks as ul_tasks
 from ultralytics.nn.modules import Conv
 
+from gsdistill.views.pixels import IMAGENET_MEAN, IMAGENET_STD
+
 BACKBONE_LAYER = 0  # index of the ViT layer in the generated YAML: the value given to freeze=
-# The pretraining views and retrieval normalise pages with ImageNet mean/std (gsdistill.views.multicrop);
-# Ultralytics feeds the model image / 255. Python floats, not buffers: Ultralytics saves checkpoints in
-# fp16, and a buffer would come back as the fp16 rounding of these constants.
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+# Pretraining and retrieval normalise pages with ImageNet mean/std (gsdistill.views.pixels, the one
+# definition); Ultralytics feeds the model image / 255. Python floats, not buffers: Ultralytics saves
+# checkpoints in fp16, and a buffer would come back as the fp16 rounding of these constants.
 
 
 class ViTBackbone(nn.Module):

@@ -13,6 +13,8 @@ from typing import Iterator
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from gsdistill.models.gsdistill_model import masked_patch_index
+from gsdistill.models.view_batch import masked_view_index
 from gsdistill.tuples.errors import DataError
 
 
@@ -45,7 +47,7 @@ HOST_INDICES = ("mask_index", "masked_views")
 def host_indices(masks: torch.Tensor) -> dict:
     """The iBOT masks' flat indices (``mask_index``) and the rows of the masked views
     (``masked_views``), computed where the masks are: on the host they cost no device sync."""
-    return {"mask_index": masks.flatten().nonzero()[:, 0], "masked_views": masks.any(dim=1).nonzero()[:, 0]}
+    return {"mask_index": masked_patch_index(masks), "masked_views": masked_view_index(masks)}
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
