@@ -67,9 +67,32 @@ def test_results_are_sane(demo_run):
     held = [r for r in ret if r["split"] == "held-out"]
     assert {r["n_pages"] for r in held} == {12} and {(r["head"], r["k"]) for r in held} == {
         ("geom", "all"), ("sem", 1), ("sem", 5), ("sem", 8)}
-    assert set(res["times_s"]) == {"tuples", "embed", "pretrain", "control", "detect", "human labels", "retrieval",
-                                   "report"}
+    assert set(res["times_s"]) == {"tuples", "embed", "pretrain", "control", "detect", "detect budgets",
+                                   "human labels", "retrieval", "report"}
     assert res["human_labels"] is None  # no human_labels folder given
+
+
+def test_few_labels_and_few_epochs_keep_the_budget_and_pair_the_rows(demo_run):
+    """smoke.yaml asks for half the pages (at the full set's optimizer steps) and 2 epochs: each setting
+    trains both detectors on the same held-out pages and its table row holds their numbers."""
+    out, report = demo_run
+    res = json.loads((out / "results.json").read_text())
+    half, two = res["detect_budgets"]
+    full = json.loads((out / "detect" / "rows.json").read_text())[0]
+    kept = json.loads((out / "detect_budgets" / "setting0" / "data" / "subset.json").read_text())
+    assert half["train_images"] == kept["train_images"] == round(kept["of"] / 2) and kept["of"] == 16
+    assert half["optimizer_steps"] >= full["optimizer_steps"]  # the labels change, not the budget
+    assert two["epochs"] == 2 and two["train_images"] == 16 and two["optimizer_steps"] == 2 * full["optimizer_steps"]
+    for setting in (half, two):
+        diff = setting["paired"]["backbone"]["map50"]
+        m = setting["map50"]
+        assert diff["diff"] == pytest.approx(m["pretrained"] - m["random backbone"], abs=1e-9)
+        assert diff["ci95"][0] <= diff["ci95"][1]
+    text = report.read_text()
+    assert "### Few labels, few epochs" in text
+    assert re.search(rf"\| 50 % of the training pages \| 8 \| \d+ \| {half['optimizer_steps']} \| "
+                     rf"{100 * half['map50']['pretrained']:.2f} \|", text)
+    assert "| 2 head epochs | 16 | 2 |" in text
 
 
 def test_pretraining_logged_every_term_finite(demo_run):

@@ -51,10 +51,14 @@ cfg = load_config("pretrain", sys.argv[2] or None, json.loads(sys.argv[3]))
 torch.manual_seed(0)
 model = GSDistill(cfg).train()
 batch = torch.load(sys.argv[5], weights_only=True)
+# --precision recipe: the forward under the recipe's own train.precision (bf16 autocast on the CPU too)
+bf16 = sys.argv[6] == "recipe" and cfg["train"]["precision"] == "bf16"
 def step():
     model.zero_grad(set_to_none=True)
     t, c = time.perf_counter(), time.process_time()
-    model(batch)["total"].backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        total = model(batch)["total"]
+    total.backward()
     return time.perf_counter() - t, time.process_time() - c
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
@@ -107,10 +111,10 @@ def shared_batch(cfg, pages: int, seed: int = 0) -> dict:
 
 
 class Worker:
-    def __init__(self, tree: Path, name: str, batch_file: Path, threads: int):
+    def __init__(self, tree: Path, name: str, batch_file: Path, threads: int, precision: str = "fp32"):
         experiment, _ = MODELS[name]
         cmd = [sys.executable, "-c", WORKER, str(tree), experiment or "", json.dumps(overrides_of(name)),
-               str(threads), str(batch_file)]
+               str(threads), str(batch_file), precision]
         env = {**os.environ, "PYTHONPATH": str(tree)}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
         self.read()
@@ -140,12 +144,13 @@ def paired_interval(old: list[float], new: list[float], reps: int = 2000, seed: 
     return float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
 
 
-def bench(name: str, old_tree: Path, pages: int, steps: int, threads: int, tmp: Path) -> dict:
+def bench(name: str, old_tree: Path, pages: int, steps: int, threads: int, tmp: Path, precision: str = "fp32") -> dict:
     experiment, _ = MODELS[name]
     cfg = load_config("pretrain", experiment, overrides_of(name))
     batch_file = tmp / f"{name}.pt"
     torch.save(shared_batch(cfg, pages), batch_file)
-    workers = {"old": Worker(old_tree, name, batch_file, threads), "new": Worker(REPO, name, batch_file, threads)}
+    workers = {"old": Worker(old_tree, name, batch_file, threads, precision),
+               "new": Worker(REPO, name, batch_file, threads, precision)}
     try:
         times = {"old": [], "new": []}
         cpu = {"old": [], "new": []}
@@ -176,6 +181,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of each worker (1: the process CPU time is the step's work, "
                              "robust to other jobs on a shared machine)")
+    parser.add_argument("--precision", choices=("fp32", "recipe"), default="fp32",
+                        help="fp32: every model in fp32; recipe: under its recipe's train.precision (bf16 autocast "
+                             "for gpu_vit_s16, also on the CPU, where AMX / AVX512-BF16 run it)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     results = []
@@ -185,13 +193,14 @@ def main() -> None:
         old_tree.mkdir()
         archive = subprocess.run(["git", "-C", str(REPO), "archive", args.old], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive, check=True)
-        print(f"torch {torch.__version__}, {args.threads} threads, {args.pages} pages, {args.steps} paired steps; "
+        print(f"torch {torch.__version__}, {args.threads} threads, {args.pages} pages, {args.steps} paired steps, "
+              f"precision {args.precision}; "
               f"old = {args.old}, new = working tree")
         print("| model | old s/step (CPU) | new s/step (CPU) | new / old CPU time [95% CI] | new / old wall [95% CI] "
               "| old GFLOP/page | new GFLOP/page | new / old FLOPs |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for name in args.models.split(","):
-            r = bench(name, old_tree, args.pages, args.steps, args.threads, tmp)
+            r = bench(name, old_tree, args.pages, args.steps, args.threads, tmp, args.precision)
             results.append(r)
             print(f"| {name} | {r['old_cpu_s']:.3f} | {r['new_cpu_s']:.3f} | {r['cpu_ratio']:.2f}x "
                   f"[{r['cpu_ratio_ci'][0]:.2f}, {r['cpu_ratio_ci'][1]:.2f}] | {r['ratio']:.2f}x [{r['ratio_ci'][0]:.2f}, "

@@ -2,15 +2,24 @@
 
 Layer plan of the generated model YAML (see :func:`detector_yaml`)::
 
-    0  ViTBackbone            /255 image -> ImageNet mean/std -> last-block tokens as a stride-16 map
-                              [B, C, H/16, W/16]
-    1  SimpleFeaturePyramid   stride-16 map -> [P3 (s8), P4 (s16), P5 (s32)], c_out channels each
+    0  ViTBackbone            /255 image -> ImageNet mean/std -> the tokens of the chosen blocks as
+                              stride-16 maps, stacked on channels [B, k*C, H/16, W/16]
+    1  SimpleFeaturePyramid   those maps -> [P3 (s8), P4 (s16), P5 (s32)], c_out channels each
     2-4 Index                 pick P3 / P4 / P5 out of the list (parse_model needs one tensor per layer)
     5  v10Detect              YOLOv10's NMS-free head (one-to-many + one-to-one branches)
 
-The pyramid follows ViTDet (Li et al. 2022, "simple feature pyramid"): every level is built from the
-last ViT block alone, by a stride-2 transposed convolution (s8), identity (s16) or max-pool (s32),
-each followed by a 1x1 and a 3x3 convolution. Layer 0 is what ``freeze=[0]`` freezes.
+The pyramid follows ViTDet (Li et al. 2022, "simple feature pyramid"): each level is built by a
+stride-2 transposed convolution (s8), identity (s16) or max-pool (s32), then a 1x1 and a 3x3
+convolution. What each level reads (``adapter_features``, :data:`FEATURES`):
+
+- ``last``: the last block for every level (ViTDet);
+- ``levels``: one block per level, shallower blocks for finer levels (P3 <- block d/2, P4 <- 3d/4,
+  P5 <- d of a d-block ViT), the intermediate-block pyramid of ViT-Adapter / DPT;
+- ``mix``: every block, mixed per level by learned softmax weights (ELMo's scalar mix; the head
+  chooses how much of each depth it reads, starting from an even mix).
+
+Every block map goes through the ViT's final norm. Layer 0 is what ``freeze=[0]`` freezes; the mix
+weights live in layer 1 and train with the head.
 
 Ultralytics' ``parse_model`` resolves layer names in ``ultralytics.nn.tasks``' namespace, so
 importing this module registers the classes there; saved checkpoints pickle the classes under
@@ -48,7 +57,8 @@ class ViTBackbone(nn.Module):
             part of the module, ``YOLO(best.pt)``, ``model.predict`` and an ONNX export all get it.
     """
 
-    def __init__(self, model_name: str, kwargs: dict, frozen: bool = True, normalize: bool = True):
+    def __init__(self, model_name: str, kwargs: dict, frozen: bool = True, normalize: bool = True,
+                 blocks: list[int] | None = None):
         super().__init__()
         kw = dict(kwargs)
         kw["dynamic_img_size"] = True
@@ -57,6 +67,11 @@ class ViTBackbone(nn.Module):
         self.vit = timm.create_model(model_name, pretrained=False, **kw)
         self.embed_dim = int(self.vit.embed_dim)
         self.patch_size = int(self.vit.patch_embed.patch_size[0])
+        depth = len(self.vit.blocks)
+        self.blocks = [int(b) for b in (blocks or [depth])]  # 1-based block numbers, in output order
+        bad = [b for b in self.blocks if not 1 <= b <= depth]
+        if bad:
+            raise ValueError(f"ViTBackbone: blocks {bad} out of range: {model_name} has blocks 1..{depth}")
         self.train(self.training)
 
     def train(self, mode: bool = True) -> "ViTBackbone":
@@ -74,28 +89,57 @@ class ViTBackbone(nn.Module):
             std = torch.tensor(IMAGENET_STD, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
             x = (x - mean) / std
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
-            feats = self.vit.forward_intermediates(x, indices=1, norm=True, output_fmt="NCHW",
+            blocks = getattr(self, "blocks", None)  # detectors pickled before the option read the last block
+            wanted = sorted({b - 1 for b in blocks}) if blocks else 1
+            feats = self.vit.forward_intermediates(x, indices=wanted, norm=True, output_fmt="NCHW",
                                                    intermediates_only=True)
-        return feats[-1]
+        if not blocks:
+            return feats[-1]
+        by_block = dict(zip(wanted, feats))
+        return torch.cat([by_block[b - 1] for b in blocks], dim=1) if len(blocks) > 1 else by_block[blocks[0] - 1]
+
+
+FEATURES = ("last", "levels", "mix")  # what each pyramid level reads (module doc)
+
+
+def feature_blocks(features: str, depth: int) -> list[int]:
+    """1-based ViT blocks the pyramid reads for ``features`` on a ``depth``-block ViT."""
+    if features == "last":
+        return [depth]
+    if features == "levels":  # P3, P4, P5
+        return [max(1, round(depth / 2)), max(1, round(3 * depth / 4)), depth]
+    if features == "mix":
+        return list(range(1, depth + 1))
+    raise ValueError(f"adapter_features must be one of {FEATURES}, got {features!r}")
 
 
 class SimpleFeaturePyramid(nn.Module):
-    """ViTDet's simple feature pyramid from one stride-``patch`` map to strides 8, 16 and 32.
+    """ViTDet's simple feature pyramid from stride-``patch`` block maps to strides 8, 16 and 32.
 
     Args:
-        c_in: ViT embedding width. c_out: channels of every output level.
+        c_in: ViT embedding width (of ONE block map). c_out: channels of every output level.
         patch_size: stride of the input map (16 for the ViTs used here; 8 and 32 also supported).
-        input_norm: standardise every channel of the frozen map first (BatchNorm without affine
+        input_norm: standardise every channel of the frozen maps first (BatchNorm without affine
             parameters, as MAE's linear probe does): frozen backbones differ in how their features are
             scaled, and a pretrained ViT can hold layout information in low-variance channels that a
             head trained for a few epochs would otherwise have to scale up itself.
+        features: ``last`` | ``levels`` | ``mix`` (module doc). n_blocks: block maps stacked on the
+            input's channels (1 for ``last``, 3 for ``levels``, the ViT's depth for ``mix``).
     """
 
-    def __init__(self, c_in: int, c_out: int, patch_size: int = 16, input_norm: bool = False):
+    def __init__(self, c_in: int, c_out: int, patch_size: int = 16, input_norm: bool = False,
+                 features: str = "last", n_blocks: int = 1):
         super().__init__()
         if patch_size not in (8, 16, 32):
             raise ValueError(f"SimpleFeaturePyramid: patch size {patch_size} must be 8, 16 or 32")
-        self.input_norm = nn.BatchNorm2d(c_in, affine=False) if input_norm else None
+        expected = {"last": 1, "levels": 3}.get(features, n_blocks)
+        if features not in FEATURES or n_blocks != expected or n_blocks < 1:
+            raise ValueError(f"SimpleFeaturePyramid: features={features!r} with {n_blocks} block maps "
+                             f"(one of {FEATURES}; last reads 1 map, levels 3)")
+        self.features, self.n_blocks = features, int(n_blocks)
+        self.input_norm = nn.BatchNorm2d(c_in * n_blocks, affine=False) if input_norm else None
+        # per level, logits over the blocks; zeros = an even mix at the start
+        self.mix = nn.Parameter(torch.zeros(3, n_blocks)) if features == "mix" else None
         self.levels = nn.ModuleList(self._level(c_in, c_out, patch_size / s) for s in (8, 16, 32))
 
     @staticmethod
@@ -111,11 +155,23 @@ class SimpleFeaturePyramid(nn.Module):
         layers += [Conv(c, c_out, 1), Conv(c_out, c_out, 3)]
         return nn.Sequential(*layers)
 
+    def level_inputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The map each of P3, P4, P5 reads (after the optional input norm)."""
+        features = getattr(self, "features", "last")  # detectors pickled before the option read one map
+        if features == "last":
+            return [x, x, x]
+        maps = x.chunk(self.n_blocks, dim=1)
+        if features == "levels":
+            return list(maps)
+        weights = self.mix.float().softmax(dim=1).to(x.dtype)  # [3 levels, n_blocks]
+        stacked = torch.stack(maps)  # [n_blocks, B, C, H, W]
+        return list(torch.einsum("ln,nbchw->lbchw", weights, stacked).unbind(0))
+
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         norm = getattr(self, "input_norm", None)  # detectors pickled before the option existed lack it
         if norm is not None:
             x = norm(x)
-        return [level(x) for level in self.levels]
+        return [level(inp) for level, inp in zip(self.levels, self.level_inputs(x))]
 
 
 def register_modules() -> None:
@@ -128,13 +184,22 @@ register_modules()
 
 
 def detector_yaml(model_name: str, kwargs: dict, embed_dim: int, patch_size: int, nc: int,
-                  c_out: int = 128, frozen: bool = True, input_norm: bool = False) -> dict:
-    """The Ultralytics model dict: ViT -> simple feature pyramid -> Index x3 -> v10Detect(nc)."""
+                  c_out: int = 128, frozen: bool = True, input_norm: bool = False,
+                  features: str = "last", depth: int | None = None) -> dict:
+    """The Ultralytics model dict: ViT -> simple feature pyramid -> Index x3 -> v10Detect(nc).
+    ``features`` (:data:`FEATURES`) needs the ViT's ``depth`` unless it is ``last``."""
+    if features != "last" and depth is None:
+        raise ValueError(f"detector_yaml: adapter_features={features!r} needs the ViT's depth")
+    blocks = feature_blocks(features, int(depth)) if features != "last" else None
+    vit_args = [model_name, dict(kwargs), bool(frozen)] + ([True, blocks] if blocks else [])
+    pyramid_args = [int(embed_dim), int(c_out), int(patch_size), bool(input_norm)]
+    if blocks:
+        pyramid_args += [features, len(blocks)]
     return {
         "nc": int(nc),
         "backbone": [
-            [-1, 1, "ViTBackbone", [model_name, dict(kwargs), bool(frozen)]],
-            [-1, 1, "SimpleFeaturePyramid", [int(embed_dim), int(c_out), int(patch_size), bool(input_norm)]],
+            [-1, 1, "ViTBackbone", vit_args],
+            [-1, 1, "SimpleFeaturePyramid", pyramid_args],
             [1, 1, "Index", [int(c_out), 0]],
             [1, 1, "Index", [int(c_out), 1]],
             [1, 1, "Index", [int(c_out), 2]],

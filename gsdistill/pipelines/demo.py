@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from gsdistill.config import load_config, save_config
 
-STAGES = ["tuples", "embed", "pretrain", "control", "detect", "human labels", "retrieval", "report"]
+STAGES = ["tuples", "embed", "pretrain", "control", "detect", "detect budgets", "human labels", "retrieval", "report"]
 PRETRAINED, CONTROL, UNTRAINED = "pretrained", "random backbone, heads trained", "random (untrained)"
 
 
@@ -175,6 +175,9 @@ def run_demo(cfg) -> Path:
                 control_dir = pretrain(cfg, train_dir, out, "control", "model.freeze_backbone=true")
         elif stage == "detect":
             info["detect"] = detect(cfg, train_dir, eval_dir, run_dir / "backbone", out)
+        elif stage == "detect budgets":  # few labels, few epochs (demo_budgets); nothing when none are asked
+            from gsdistill.pipelines.demo_budgets import detect_budgets
+            info["detect_budgets"] = detect_budgets(cfg, info["detect"]["data_yaml"], run_dir / "backbone", out)
         elif stage == "human labels":
             info["human_labels"] = human_labels(cfg, info["detect"], out)
         elif stage == "retrieval":

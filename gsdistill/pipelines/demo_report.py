@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from gsdistill.config import load_config
+from gsdistill.pipelines.demo_budgets import budgets_section
 from gsdistill.pretrain.metrics_log import LOSS_TERMS, read_metrics
 
 LOG_K_MARGIN = 0.1  # nats: a DINO/iBOT term closer than this to log K has a (near) uniform teacher
@@ -282,6 +283,7 @@ def write_demo_report(cfg, out: Path, run_dir: Path, control_dir: Path | None, i
                   "the terms themselves are logged unweighted.", ""]
     lines += [f"![{p.stem}]({_rel(p, out)})" for p in plots] + [""]
     lines += detect_section(info["detect"], out, float(cfg.report_min_reference_map50))
+    lines += budgets_section(info.get("detect_budgets"))
     lines += human_labels_section(info.get("human_labels"))
     lines += retrieval_section(info["retrieval"], heights, local_view_heights(held, pcfg.views))
     path = out / "report.md"
