@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from gsdistill.detect.convert import IMAGE_SUFFIXES, DatasetError
+from gsdistill.detect.convert import IMAGE_SUFFIXES, DatasetError, _link
 
 
 def subset_data(data_yaml: str | Path, fraction: float, seed: int, out: str | Path) -> Path:
@@ -44,8 +44,8 @@ def subset_data(data_yaml: str | Path, fraction: float, seed: int, out: str | Pa
         label = labels / (img.stem + ".txt")
         if not label.is_file():
             raise DatasetError(f"{data_yaml}: training image {img.name} has no label file {label}")
-        (out / "images" / "train" / img.name).symlink_to(img.resolve())
-        (out / "labels" / "train" / label.name).symlink_to(label.resolve())
+        _link(img, out / "images" / "train" / img.name)  # the converter's link (a copy where links are impossible)
+        _link(label, out / "labels" / "train" / label.name)
     for sub in ("images/val", "labels/val"):
         link = out / sub
         if not link.exists():
