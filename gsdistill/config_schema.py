@@ -227,6 +227,8 @@ def check_value(key: str, value, default, spec: Spec | None):
             return None
         raise ValueError("must not be null")
     if spec.choices:
+        if isinstance(value, bool) and str(value).lower() in spec.choices:
+            return value  # `auto | true | false`: the booleans stay booleans
         ok, text = _as_type(value, {"str"})
         if not ok or not _matches_choice(text, spec.choices):
             raise ValueError(f"{value!r} is not one of {' | '.join(spec.choices)}")

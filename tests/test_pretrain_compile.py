@@ -54,3 +54,27 @@ def test_compiled_step_is_one_graph_equal_to_eager():
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
         if p.grad is not None:
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_compile_default_is_chosen_per_device():
+    """``train.compile: auto`` compiles on one CUDA device for a run long enough to earn the compile
+    back (measured on an H100), never on the CPU or under several GPUs; true / false are obeyed and
+    anything else is refused at load time, naming the key."""
+    import pytest
+
+    from gsdistill.config import load_config
+    from gsdistill.pretrain.engine_torch import COMPILE_MIN_STEPS, compile_wanted
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    auto = load_config("pretrain", None, [f"optim.steps={COMPILE_MIN_STEPS}"])
+    assert auto["train"]["compile"] == "auto"
+    assert compile_wanted(auto, cuda) and not compile_wanted(auto, cpu)
+    assert not compile_wanted(auto, cuda, world_size=2)
+    short = load_config("pretrain", None, [f"optim.steps={COMPILE_MIN_STEPS - 1}"])
+    assert not compile_wanted(short, cuda)
+    assert load_config("pretrain", "gpu_vit_s16", [])["optim"]["steps"] >= COMPILE_MIN_STEPS  # the GPU recipe compiles
+    on, off = load_config("pretrain", None, ["train.compile=true"]), load_config("pretrain", None, ["train.compile=false"])
+    assert on["train"]["compile"] is True and off["train"]["compile"] is False
+    assert compile_wanted(on, cpu) and not compile_wanted(off, cuda)
+    with pytest.raises(Exception, match="train.compile"):
+        load_config("pretrain", None, ["train.compile=maybe"])

@@ -45,8 +45,9 @@ BF16_PEAK = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12
 class Parts:
     """Seconds of each part of the check, printed as each ends."""
 
-    def __init__(self):
+    def __init__(self, on_end=None):
         self.seconds: dict[str, float] = {}
+        self.on_end = on_end  # called after each part: the report so far is written, so a lease cut short keeps it
 
     def run(self, name: str, fn, *args, **kwargs):
         start = time.perf_counter()
@@ -55,6 +56,8 @@ class Parts:
         finally:
             self.seconds[name] = time.perf_counter() - start
             print(f"[gpu_check] {name}: {self.seconds[name]:.1f} s", flush=True)
+            if self.on_end is not None:
+                self.on_end()
 
     def table(self) -> list[str]:
         rows = [f"| {name} | {s:.1f} |" for name, s in self.seconds.items()]
@@ -127,7 +130,7 @@ def _median(rows: list[dict], key: str) -> float:
 
 
 def run_table(runs: dict, batch: int, flops: float, peak: float) -> list[str]:
-    head = ["run", "exit", "step s (median)", "pages/s", "data wait ms (median)", "peak mem GiB", "model TFLOP/s",
+    head = ["run", "exit", "step 1 s", "step s (median)", "pages/s", "data wait ms (median)", "peak mem GiB", "model TFLOP/s",
             "share of bf16 peak"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, run in runs.items():
@@ -137,7 +140,7 @@ def run_table(runs: dict, batch: int, flops: float, peak: float) -> list[str]:
             continue
         step_s = _median(rows, "step_s")
         mem = max(float(r.get("peak_mem_gb", "nan")) for r in rows)
-        lines.append(f"| {name} | 0 | {step_s:.3f} | {batch / step_s:.1f} | {1e3 * _median(rows, 'data_s'):.1f} "
+        lines.append(f"| {name} | 0 | {float(rows[0]['step_s']):.1f} | {step_s:.3f} | {batch / step_s:.1f} | {1e3 * _median(rows, 'data_s'):.1f} "
                      f"| {mem:.2f} | {flops * batch / step_s / 1e12:.3f} | {flops * batch / step_s / peak:.1%} |")
     return lines
 
@@ -186,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/gpu_check", help="folder for the runs, logs and gpu_check.md")
     ap.add_argument("--deepspeed-configs", nargs="+", default=[DEFAULT_DS], metavar="JSON",
                     help=f"configs/deepspeed/ files timed in one process (default: {DEFAULT_DS})")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time the torch engine with train.compile=true (its first step compiles: ~2 min on an "
+                         "H100; the runs here are too short for train.compile=auto to compile)")
     args = ap.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
         from gsdistill.device import cuda_unusable_reason
@@ -198,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides, batch = sizes(args.cpu, steps)
     gpus = 0 if args.cpu else torch.cuda.device_count()
     device = "cpu" if args.cpu else "cuda"
-    parts = Parts()
+    parts = Parts(on_end=lambda: (out / "gpu_check.md").write_text(
+        "\n".join([*lines, "Seconds per part (so far):", "", *parts.table()]) + "\n"))
     lines = [f"# gsdistill GPU check ({'--cpu' if args.cpu else f'{gpus} x ' + torch.cuda.get_device_name(0)})", "",
              f"torch {torch.__version__}, CUDA {torch.version.cuda}, {time.strftime('%Y-%m-%d %H:%M')}, "
              f"{steps} steps, global batch {batch}", ""]
@@ -218,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     common = [*overrides, f"data.shards={data}"]
     python = [sys.executable, "-m"]
     plan = {"torch bf16, 1 process": (python, ["train.engine=torch"])}
+    if args.compile:
+        plan["torch bf16 compiled, 1 process"] = (python, ["train.engine=torch", "train.compile=true"])
     for name in args.deepspeed_configs:
         plan[f"deepspeed bf16 ({name}), 1 process"] = (python, ["train.engine=deepspeed",
                                                                 f"train.deepspeed_config=configs/deepspeed/{name}"])

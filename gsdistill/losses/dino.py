@@ -54,9 +54,11 @@ class DINOLoss(TeacherCentering):
             s = fp32(torch.stack(student_logits))  # [S, B, K]
             targets = torch.stack(teacher_probs).detach().to(s.dtype)  # [T, B, K]
             lse = torch.logsumexp(s / self.student_temp, dim=-1)  # [S, B]
-            # [S, T] matrix of batch-mean cross-entropies without a [S, T, B, K] tensor
-            ce = (torch.einsum("sb,tb->st", lse, targets.sum(dim=-1))
-                  - torch.einsum("sbk,tbk->st", s, targets) / self.student_temp) / shape[0]
+            # [S, T] matrix of batch-mean cross-entropies. <q, s> summed over (B, K) as products and
+            # sums (fused into one reduction when compiled; a transient [S, T, B, K] in eager): as an
+            # einsum it was a GEMM of inner size T (= 2) in backward, cuBLAS's slowest shape
+            dots = (s.unsqueeze(1) * targets.unsqueeze(0)).sum(dim=(-2, -1))
+            ce = (torch.einsum("sb,tb->st", lse, targets.sum(dim=-1)) - dots / self.student_temp) / shape[0]
             if ignore_diagonal:  # a zero-diagonal sum, not a boolean selection: no host sync
                 ce = ce * (1.0 - torch.eye(*ce.shape, dtype=ce.dtype, device=ce.device))
             return ce.sum() / n_pairs

@@ -52,10 +52,12 @@ class IBOTPatchLoss(TeacherCentering):
             return logits.sum() * 0.0
         masks = masks.to(logits.device)
         with no_autocast(logits):
-            # CE = lse(s / T) sum_k q_k - <q, s> / T: no [M, K] log-softmax or product is kept
+            # CE = lse(s / T) sum_k q_k - <q, s> / T: no [M, K] log-softmax is kept. <q, s> as a
+            # product and a row sum (one fused reduction when compiled): as an einsum it became a
+            # batched cuBLAS GEMV, the top kernel of the step on an H100 (12 % of the compiled step)
             targets = teacher_patch_probs.detach().to(logits.dtype)
             ce = (torch.logsumexp(logits / self.student_temp, dim=-1) * targets.sum(dim=-1)
-                  - torch.einsum("mk,mk->m", targets, logits) / self.student_temp)
+                  - (targets * logits).sum(dim=-1) / self.student_temp)
             per_image = masks.sum(dim=1)
             image_of_patch = torch.repeat_interleave(  # masks.nonzero()[:, 0] with no host sync
                 torch.arange(masks.shape[0], device=masks.device), per_image, output_size=n_masked)

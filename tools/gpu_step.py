@@ -1,0 +1,295 @@
+"""Issue "step" on a GPU: the whole torch-engine step, old revision vs this tree, side by side on one
+device, eager and compiled, with its share of the bf16 peak and its top kernels. One lease, one call.
+
+Each variant is a worker process that builds the engine from its own tree (``load_config``,
+``GSDistill``, ``TorchEngine``: the public API both trees share), loads the SAME batches
+(``bench_step.shared_batch``: random pages, iBOT masks drawn by the views pipeline's generator; three
+maskings cycled so that a compiled step meets changing row counts) onto the device with its tree's
+``to_device``, and answers ``step`` (forward, backward, clip, fused AdamW, EMA, timed between two
+device syncs: the step the training loop runs, minus data loading), ``flops`` (counted per page with
+``torch.utils.flop_counter``), ``profile`` (top kernels under ``torch.profiler``). Paired variants
+take turns step by step (order alternating) so both see the same device state; ratios come with a
+95 % bootstrap interval over the paired steps. Parts run in order of importance and the report is
+rewritten after each, so a lease that ends early still returns what finished:
+
+1. old vs new, eager, at ``--batch`` pages (the issue's baseline: 64);
+2. FLOPs per page of each tree, the share of the bf16 peak, the top kernels of each;
+3. new at the recipe's batch (128), eager;
+4. new compiled (``train.compile=true``, inductor) vs new eager: the first step (the compile) and
+   the paired steady-state ratio, abandoned past ``--compile-budget`` seconds.
+
+    python tools/gpu_step.py --old-tree DIR [--batch 64] [--steps 20] [--out DIR]
+    (on the CPU, for the tool's own test: --device cpu --experiment "" --override ... --backend aot_eager)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import statistics
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS.parent))
+sys.path.insert(0, str(TOOLS))
+
+from bench_step import paired_interval, shared_batch  # noqa: E402
+from gpu_check import BF16_PEAK  # noqa: E402
+
+from gsdistill.config import load_config  # noqa: E402
+
+WORKER = r"""
+import json, sys, time, torch
+sys.path.insert(0, sys.argv[1])
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
+from gsdistill.config import load_config
+from gsdistill.models.gsdistill_model import GSDistill
+from gsdistill.losses import validation
+from gsdistill.pretrain import engine_torch
+from gsdistill.pretrain.data_stream import to_device
+validation.set_checks(False)  # as the training loop does after its first step
+cfg = load_config("pretrain", sys.argv[2] or None, json.loads(sys.argv[3]))
+dev, backend = torch.device(sys.argv[5]), sys.argv[6]
+if hasattr(engine_torch, "compile_step"):
+    engine_torch.compile_step = lambda model, b=backend: model.compile(backend=b)
+torch.manual_seed(0)
+engine = engine_torch.TorchEngine(GSDistill(cfg), cfg, dev)
+batches = [to_device(torch.load(f, weights_only=True), dev) for f in json.loads(sys.argv[4])]
+pages = len(batches[0]["sem_emb"])
+done = [0]
+def sync():
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+guard = bool(getattr(engine, "guards_on_device", False))
+def step():  # the loop's step: the old loop read the terms before backward (its non-finite guard)
+    batch = batches[done[0] % len(batches)]
+    done[0] += 1
+    terms = engine.forward(batch)
+    read = [v.detach().float().reshape(()) for v in terms.values() if torch.is_tensor(v) and v.numel() == 1]
+    if not guard:
+        torch.stack(read).tolist()
+    norm = engine.backward_step(terms["total"], 1e-4)
+    engine.update_teacher(0.996)
+    torch.stack([*read, norm.float()] if guard else [norm.float()]).tolist()  # one read after the update
+def timed():
+    sync(); t = time.perf_counter(); step(); sync()
+    return time.perf_counter() - t
+def flops():
+    with FlopCounterMode(display=False) as counter:
+        engine.forward(batches[0])["total"].backward()
+    engine.optimizer.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / pages
+def top(n=8, steps=3):
+    cuda = dev.type == "cuda"
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    def own(e):
+        return float(getattr(e, "self_device_time_total", 0.0) if cuda else e.self_cpu_time_total)
+    events = [e for e in prof.key_averages() if own(e) > 0 and not e.key.startswith("gsdistill.")]
+    total = sum(own(e) for e in events)
+    ranked = sorted(events, key=own, reverse=True)[:n]
+    return {"device_ms_per_step": total / steps / 1e3, "kernels_per_step": sum(e.count for e in events) / steps,
+            "top": [[e.key[:90], own(e) / total] for e in ranked]}
+def memory():
+    return torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
+import gsdistill
+print(json.dumps({"ready": gsdistill.__file__}), flush=True)
+for line in sys.stdin:
+    what = line.strip()
+    answer = {"step": lambda: {"s": timed()}, "flops": lambda: {"flops": flops()}, "profile": top,
+              "memory": lambda: {"gib": memory()}}[what]()
+    print(json.dumps(answer), flush=True)
+"""
+
+
+class Worker:
+    """One variant in its own process (its own tree first on ``sys.path``)."""
+
+    def __init__(self, tree: Path, args, overrides: list[str], files: list[Path], backend: str = "inductor"):
+        tree = tree.resolve()
+        cmd = [sys.executable, "-c", WORKER, str(tree), args.experiment, json.dumps([*args.override, *overrides]),
+               json.dumps([str(f) for f in files]), args.device, backend]
+        path = [str(tree), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
+        self.source = self.read(600)["ready"]
+        if not self.source.startswith(str(tree)):
+            raise RuntimeError(f"the worker for {tree} imported gsdistill from {self.source}")
+
+    def read(self, timeout: float) -> dict:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            self.proc.kill()
+            raise TimeoutError(f"no answer in {timeout:.0f} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def ask(self, what: str, timeout: float = 600) -> dict:
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        return self.read(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+def paired(a: Worker, b: Worker, steps: int, warmup: int = 3) -> tuple[list[float], list[float]]:
+    """Step times of ``a`` and ``b``, taking turns (order alternating), after ``warmup`` steps each."""
+    for _ in range(warmup):
+        a.ask("step"), b.ask("step")
+    ta, tb = [], []
+    for i in range(steps):
+        for w in ((a, b) if i % 2 == 0 else (b, a)):
+            (ta if w is a else tb).append(w.ask("step")["s"])
+    return ta, tb
+
+
+def ratio_cell(base: list[float], other: list[float]) -> str:
+    lo, hi = paired_interval(base, other)
+    return f"{statistics.median(other) / statistics.median(base):.2f}x [{lo:.2f}, {hi:.2f}]"
+
+
+def peak_flops(device: str) -> tuple[float, str]:
+    if device != "cuda":
+        return float("nan"), "none (CPU)"
+    name = torch.cuda.get_device_name(0)
+    return next(((p, f"{name}, spec sheet") for k, p in BF16_PEAK.items() if k in name), (float("nan"), name))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--old-tree", type=Path, required=True, help="the old revision unpacked (git archive 7cef4c0)")
+    ap.add_argument("--experiment", default="gpu_vit_s16", help='pretraining experiment ("": the defaults)')
+    ap.add_argument("--override", nargs="*", default=[], help="config overrides for every variant")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--recipe-batch", type=int, default=128, help="part 3's batch (0: skip)")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per variant and pair")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--backend", default="inductor", help="torch.compile backend of part 4 (aot_eager in tests)")
+    ap.add_argument("--compile-budget", type=float, default=240, help="seconds for part 4's first step (0: skip)")
+    ap.add_argument("--out", type=Path, default=Path("runs/gpu_step"))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cfg = load_config("pretrain", args.experiment or None, args.override)
+    tmp = Path(tempfile.mkdtemp(prefix="gpu_step_"))  # batches: ~80 MB each at 64 pages, kept out of --out
+    files = {}
+    for n in {args.batch, args.recipe_batch} - {0}:
+        files[n] = [tmp / f"batch{n}_{s}.pt" for s in range(3)]
+        for seed, f in enumerate(files[n]):
+            torch.save(shared_batch(cfg, n, seed=seed), f)
+    peak, peak_source = peak_flops(args.device)
+    res: dict = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+                 "torch": torch.__version__, "batch": args.batch, "steps": args.steps, "peak": peak,
+                 "peak_source": peak_source, "parts": {}}
+
+    def save() -> None:
+        (args.out / "gpu_step.json").write_text(json.dumps(res, indent=1))
+        (args.out / "gpu_step.md").write_text(report(res))
+
+    def part(name: str, fn) -> None:
+        start = time.perf_counter()
+        try:
+            res["parts"][name] = fn()
+        except Exception as err:  # a part that fails is reported; the next part still runs
+            res["parts"][name] = {"error": f"{type(err).__name__}: {err}"}
+        res["parts"][name]["seconds"] = time.perf_counter() - start
+        print(f"[gpu_step] {name}: {time.perf_counter() - start:.1f} s", flush=True)
+        save()
+
+    repo = TOOLS.parent
+    new = {}
+
+    def old_vs_new() -> dict:
+        old = Worker(args.old_tree, args, [], files[args.batch])
+        new["eager"] = Worker(repo, args, [], files[args.batch])
+        t_old, t_new = paired(old, new["eager"], args.steps)
+        out = {"old_s": statistics.median(t_old), "new_s": statistics.median(t_new), "ratio": ratio_cell(t_old, t_new),
+               "old_flops": old.ask("flops")["flops"], "new_flops": new["eager"].ask("flops")["flops"],
+               "old_gib": old.ask("memory")["gib"], "new_gib": new["eager"].ask("memory")["gib"],
+               "old_profile": old.ask("profile"), "new_profile": new["eager"].ask("profile")}
+        old.close()
+        return out
+
+    part("old vs new, eager", old_vs_new)
+    if args.recipe_batch:
+        def recipe() -> dict:
+            w = Worker(repo, args, [], files[args.recipe_batch])
+            times = [w.ask("step")["s"] for _ in range(args.steps + 3)][3:]
+            out = {"s": statistics.median(times), "gib": w.ask("memory")["gib"], "flops": w.ask("flops")["flops"]}
+            w.close()
+            return out
+        part(f"new eager, batch {args.recipe_batch}", recipe)
+    if args.compile_budget > 0 and "eager" in new:
+        def compiled() -> dict:
+            start = time.perf_counter()
+            w = Worker(repo, args, ["train.compile=true"], files[args.batch], backend=args.backend)
+            # each masking once (a second one may recompile with dynamic row counts), within the budget
+            first = [w.ask("step", timeout=max(1.0, start + args.compile_budget - time.perf_counter()))["s"]
+                     for _ in range(len(files[args.batch]))]
+            t_eager, t_comp = paired(new["eager"], w, args.steps, warmup=1)
+            out = {"first_steps_s": first, "start_to_steady_s": time.perf_counter() - start,
+                   "eager_s": statistics.median(t_eager), "compiled_s": statistics.median(t_comp),
+                   "ratio": ratio_cell(t_eager, t_comp), "gib": w.ask("memory")["gib"], "profile": w.ask("profile")}
+            w.close()
+            return out
+        part(f"new compiled ({args.backend}) vs eager", compiled)
+    for w in new.values():
+        w.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(report(res))
+    return 0
+
+
+def report(res: dict) -> str:
+    lines = [f"# Issue step on {res['device']} (torch {res['torch']})", "",
+             f"Whole torch-engine steps (forward, backward, clip, fused AdamW, EMA; no data loading), bf16 "
+             f"peak {res['peak'] / 1e12:.0f} TFLOP/s ({res['peak_source']}); medians of {res['steps']} paired steps.", ""]
+    p = res["parts"]
+    for name, part in p.items():
+        lines.append(f"## {name} ({part.get('seconds', 0):.0f} s)")
+        if "error" in part:
+            lines += [f"failed: {part['error']}", ""]
+            continue
+        if "old_s" in part:
+            b = res["batch"]
+            lines += ["| tree | s/step | pages/s | GFLOP/page | share of bf16 peak | peak GiB | kernels/step |",
+                      "|---|---:|---:|---:|---:|---:|---:|"]
+            for k in ("old", "new"):
+                s, f = part[f"{k}_s"], part[f"{k}_flops"]
+                lines.append(f"| {k} | {s:.4f} | {b / s:.0f} | {f / 1e9:.1f} | {f * b / s / res['peak']:.1%} "
+                             f"| {part[f'{k}_gib']:.1f} | {part[f'{k}_profile']['kernels_per_step']:.0f} |")
+            lines += ["", f"new / old step time: **{part['ratio']}**", ""]
+            for k in ("old", "new"):
+                top = "; ".join(f"`{n[:60]}` {s:.1%}" for n, s in part[f"{k}_profile"]["top"])
+                lines += [f"Top kernels ({k}, {part[f'{k}_profile']['device_ms_per_step']:.1f} ms device time "
+                          f"per step): {top}", ""]
+        elif "compiled_s" in part:
+            lines += [f"first steps (compile): {', '.join(f'{s:.1f}' for s in part['first_steps_s'])} s; eager "
+                      f"{part['eager_s']:.4f} s, compiled {part['compiled_s']:.4f} s, compiled / eager "
+                      f"**{part['ratio']}**, peak {part['gib']:.1f} GiB, "
+                      f"{part['profile']['kernels_per_step']:.0f} kernels/step", ""]
+        else:
+            n = int(name.rsplit(" ", 1)[-1])
+            lines += [f"{part['s']:.4f} s/step, {n / part['s']:.0f} pages/s, "
+                      f"{part['flops'] * n / part['s'] / res['peak']:.1%} of the bf16 peak, peak {part['gib']:.1f} GiB", ""]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
