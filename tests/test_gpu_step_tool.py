@@ -31,6 +31,9 @@ def test_gpu_step_runs_old_and_new_side_by_side(tmp_path):
     assert pair["old_s"] > 0 and pair["new_s"] > 0
     assert pair["new_profile"]["kernels_per_step"] > 0 and len(pair["new_profile"]["top"]) == 8
     assert abs(sum(s for _, s in pair["new_profile"]["top"])) <= 1.0
+    loop = res["parts"]["training loop vs engine step (new, eager)"]
+    assert "error" not in loop, loop
+    assert loop["engine_s"] > 0 and loop["loop_s"] > 0
     recipe = res["parts"]["new eager, batch 4"]
     assert recipe["s"] > 0 and recipe["flops"] > 0
     compiled = res["parts"]["new compiled (aot_eager) vs eager"]

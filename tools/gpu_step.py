@@ -14,8 +14,11 @@ rewritten after each, so a lease that ends early still returns what finished:
 
 1. old vs new, eager, at ``--batch`` pages (the issue's baseline: 64);
 2. FLOPs per page of each tree, the share of the bf16 peak, the top kernels of each;
-3. new at the recipe's batch (128), eager;
-4. new compiled (``train.compile=true``, inductor) vs new eager: the first step (the compile) and
+3. the training loop's own step (``Trainer._one_step``: the side-stream copy of uint8 crops from
+   pinned memory, the loop's reads and checks) vs the bare engine step, on the same batches with no
+   DataLoader: what the loop adds, apart from data workers competing for the cores;
+4. new at the recipe's batch (128), eager;
+5. new compiled (``train.compile=true``, inductor) vs new eager: the first step (the compile) and
    the paired steady-state ratio, abandoned past ``--compile-budget`` seconds.
 
     python tools/gpu_step.py --old-tree DIR [--batch 64] [--steps 20] [--out DIR]
@@ -102,13 +105,30 @@ def top(n=8, steps=3):
     ranked = sorted(events, key=own, reverse=True)[:n]
     return {"device_ms_per_step": total / steps / 1e3, "kernels_per_step": sum(e.count for e in events) / steps,
             "top": [[e.key[:90], own(e) / total] for e in ranked]}
+trainer = []
+def loop_step():  # the training loop's own step (Trainer._one_step) on the same batches, no DataLoader
+    if not trainer:
+        import tempfile
+        from gsdistill.pretrain.data_stream import FixedBatches
+        from gsdistill.pretrain.loop import Trainer
+        host = []
+        for f in json.loads(sys.argv[4]):
+            b = torch.load(f, weights_only=True)
+            for k in ("global_crops", "local_crops"):  # uint8 pixels, as the views pipeline sends them
+                b[k] = (b[k] * 40 + 128).clamp(0, 255).to(torch.uint8)
+            if dev.type == "cuda":
+                b = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in b.items()}
+            host.append(b)
+        trainer.append(Trainer(cfg, tempfile.mkdtemp(), engine, FixedBatches(host), device=dev))
+    sync(); t = time.perf_counter(); trainer[0]._one_step(); sync()
+    return time.perf_counter() - t
 def memory():
     return torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
 import gsdistill
 print(json.dumps({"ready": gsdistill.__file__}), flush=True)
 for line in sys.stdin:
     what = line.strip()
-    answer = {"step": lambda: {"s": timed()}, "flops": lambda: {"flops": flops()}, "profile": top,
+    answer = {"step": lambda: {"s": timed()}, "loop": lambda: {"s": loop_step()}, "flops": lambda: {"flops": flops()}, "profile": top,
               "memory": lambda: {"gib": memory()}}[what]()
     print(json.dumps(answer), flush=True)
 """
@@ -149,14 +169,15 @@ class Worker:
             self.proc.wait()
 
 
-def paired(a: Worker, b: Worker, steps: int, warmup: int = 3) -> tuple[list[float], list[float]]:
-    """Step times of ``a`` and ``b``, taking turns (order alternating), after ``warmup`` steps each."""
+def paired(a: Worker, b: Worker, steps: int, warmup: int = 3, what_b: str = "step") -> tuple[list[float], list[float]]:
+    """Step times of ``a`` and ``b`` (``b`` answering ``what_b``; ``a`` and ``b`` may be one worker),
+    taking turns (order alternating), after ``warmup`` steps each."""
     for _ in range(warmup):
-        a.ask("step"), b.ask("step")
+        a.ask("step"), b.ask(what_b)
     ta, tb = [], []
     for i in range(steps):
-        for w in ((a, b) if i % 2 == 0 else (b, a)):
-            (ta if w is a else tb).append(w.ask("step")["s"])
+        for first in ((True, False) if i % 2 == 0 else (False, True)):
+            (ta if first else tb).append((a.ask("step") if first else b.ask(what_b))["s"])
     return ta, tb
 
 
@@ -227,6 +248,13 @@ def main() -> int:
         return out
 
     part("old vs new, eager", old_vs_new)
+
+    def loop_vs_engine() -> dict:
+        engine_s, loop_s = paired(new["eager"], new["eager"], args.steps, warmup=2, what_b="loop")
+        return {"engine_s": statistics.median(engine_s), "loop_s": statistics.median(loop_s),
+                "ratio": ratio_cell(engine_s, loop_s)}
+    if "eager" in new:
+        part("training loop vs engine step (new, eager)", loop_vs_engine)
     if args.recipe_batch:
         def recipe() -> dict:
             w = Worker(repo, args, [], files[args.recipe_batch])
@@ -279,6 +307,10 @@ def report(res: dict) -> str:
                 top = "; ".join(f"`{n[:60]}` {s:.1%}" for n, s in part[f"{k}_profile"]["top"])
                 lines += [f"Top kernels ({k}, {part[f'{k}_profile']['device_ms_per_step']:.1f} ms device time "
                           f"per step): {top}", ""]
+        elif "loop_s" in part:
+            lines += [f"engine step {part['engine_s']:.4f} s, the loop's step (uint8 crops copied from pinned memory "
+                      f"on the side stream, the loop's reads and checks; no DataLoader) {part['loop_s']:.4f} s: "
+                      f"loop / engine **{part['ratio']}**", ""]
         elif "compiled_s" in part:
             lines += [f"first steps (compile): {', '.join(f'{s:.1f}' for s in part['first_steps_s'])} s; eager "
                       f"{part['eager_s']:.4f} s, compiled {part['compiled_s']:.4f} s, compiled / eager "
