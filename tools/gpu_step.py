@@ -45,7 +45,7 @@ sys.path.insert(0, str(TOOLS.parent))
 sys.path.insert(0, str(TOOLS))
 
 from bench_step import paired_interval, shared_batch  # noqa: E402
-from gpu_check import BF16_PEAK  # noqa: E402
+from gpu_check import bf16_peak  # noqa: E402
 
 from gsdistill.config import load_config  # noqa: E402
 
@@ -186,13 +186,6 @@ def ratio_cell(base: list[float], other: list[float]) -> str:
     return f"{statistics.median(other) / statistics.median(base):.2f}x [{lo:.2f}, {hi:.2f}]"
 
 
-def peak_flops(device: str) -> tuple[float, str]:
-    if device != "cuda":
-        return float("nan"), "none (CPU)"
-    name = torch.cuda.get_device_name(0)
-    return next(((p, f"{name}, spec sheet") for k, p in BF16_PEAK.items() if k in name), (float("nan"), name))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old-tree", type=Path, required=True, help="the old revision unpacked (git archive 7cef4c0)")
@@ -214,7 +207,7 @@ def main() -> int:
         files[n] = [tmp / f"batch{n}_{s}.pt" for s in range(3)]
         for seed, f in enumerate(files[n]):
             torch.save(shared_batch(cfg, n, seed=seed), f)
-    peak, peak_source = peak_flops(args.device)
+    peak, peak_source = bf16_peak(args.device != "cuda")  # gpu_check's: spec sheet, else measured
     res: dict = {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
                  "torch": torch.__version__, "batch": args.batch, "steps": args.steps, "peak": peak,
                  "peak_source": peak_source, "parts": {}}
