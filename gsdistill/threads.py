@@ -43,3 +43,20 @@ def apply_threads(threads: int | None, workers: int = 0, ultralytics: bool = Fal
         from ultralytics.utils import torch_utils
         torch_utils.NUM_THREADS = n
     return n
+
+
+def limit_worker_threads(threads: int, _worker_id: int | None = None) -> None:
+    """A DataLoader worker's ``worker_init_fn``: torch AND OpenCV to ``threads`` each.
+
+    torch already runs one thread in a worker, but OpenCV (albumentations' resizes in the views
+    pipeline) starts a pool as large as the machine in every worker: 8 workers on 16 cores ran ~130
+    threads beside the main process, whose kernel launches then waited for a core (the training
+    loop's step on an H100 took about twice the bare engine step). Bound with ``functools.partial``.
+    """
+    import torch
+    torch.set_num_threads(threads)
+    try:
+        import cv2
+    except ImportError:  # no OpenCV in this environment: nothing of it to limit
+        return
+    cv2.setNumThreads(threads)

@@ -85,14 +85,19 @@ def test_every_loss_term_is_float32_under_cuda_bf16_autocast():
     from gsdistill.models.gsdistill_model import GSDistill
 
     cfg = load_config("pretrain", None, TINY)
-    torch.manual_seed(0)
-    model = GSDistill(cfg).to(CUDA).train()
     batch = to_device(tensor_batch(cfg, 4), CUDA)
-    ref = model(batch)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        out = model(batch)
+
+    def terms(autocast: bool) -> dict:
+        # a fresh model each time: a second call of one model meets the first call's embeddings in
+        # its negatives queue (objective.queue_size), which moved sem and geom by 0.4 on the H100
+        torch.manual_seed(0)
+        model = GSDistill(cfg).to(CUDA).train()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            return model(batch)
+
+    ref, out = terms(False), terms(True)
     assert set(out) == set(ref) >= {"sem", "geom", "distill", "ibot", "koleo", "total"}
     for key, value in out.items():
         assert value.dtype == torch.float32 and torch.isfinite(value).all(), key
         # the backbone runs in bf16: 3e-2 as on the CPU (tests/test_gpu_numerics.py)
-        torch.testing.assert_close(value, ref[key], rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(value, ref[key], rtol=3e-2, atol=3e-2, msg=lambda m, key=key: f"{key}: {m}")

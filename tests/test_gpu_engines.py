@@ -71,7 +71,7 @@ def _run(name: str, steps: int = STEPS, lr: float = LR, device: str = "cpu") -> 
         students.append({n: _value(params[n[len("teacher."):]]).double().cpu() for n in names})
         engine.update_teacher(MOMENTUM)
     end = engine.model_state()
-    return {"start": start, "students": students, "teacher": {n: end[n] for n in names}, "seen": seen,
+    return {"start": start, "students": students, "teacher": {n: end[n].detach().cpu() for n in names}, "seen": seen,
             "terms": terms_per_step, "forward_teacher": {n: t.cpu() for n, t in _forward_teacher(model, names).items()}}
 
 

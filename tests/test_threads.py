@@ -78,3 +78,44 @@ def test_apply_without_torch_sets_only_the_environment(monkeypatch):
             "print('torch' in sys.modules, os.environ['OMP_NUM_THREADS'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "2"]
+
+
+class _WorkerThreads(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        import cv2
+        yield torch.tensor([torch.get_num_threads(), cv2.getNumThreads()])
+
+
+def test_data_workers_limit_torch_and_opencv_threads():
+    """Each DataLoader worker of the pretraining stream runs torch AND OpenCV on its share of the
+    cores (OpenCV otherwise starts a pool as large as the machine in every worker)."""
+    import functools
+
+    import cv2
+    cv2.setNumThreads(4)  # the parent's pool: a forked worker inherits it unless the init limits it
+    init = functools.partial(threads.limit_worker_threads, 1)
+    loader = torch.utils.data.DataLoader(_WorkerThreads(), batch_size=None, num_workers=1, worker_init_fn=init)
+    assert next(iter(loader)).tolist() == [1, 1]
+    plain = torch.utils.data.DataLoader(_WorkerThreads(), batch_size=None, num_workers=1)
+    assert next(iter(plain)).tolist()[1] > 1  # without it OpenCV keeps its pool: the test can fail
+
+
+def test_shard_stream_installs_the_worker_thread_limit(monkeypatch, tmp_path):
+    from gsdistill.pretrain import data_stream
+    seen = {}
+
+    class Loader:
+        def __init__(self, *args, **kwargs):
+            seen.update(kwargs)
+
+        def __iter__(self):
+            return iter(())
+
+    monkeypatch.setattr(torch.utils.data, "DataLoader", Loader)
+    monkeypatch.setattr(threads, "available_cores", lambda: 6)
+    stream = data_stream.ShardBatches.__new__(data_stream.ShardBatches)
+    stream.workers, stream.pin_memory = 2, False
+    stream.epochs = type("E", (), {"per_reader": lambda self, readers: 1})()
+    stream._open({"epoch": 0, "batch": 0})
+    assert seen["worker_init_fn"].func is threads.limit_worker_threads
+    assert seen["worker_init_fn"].args == (2,)  # 6 cores / (main + 2 workers)

@@ -51,12 +51,13 @@ def run(args) -> None:
     rows = []
     for name, overrides in variants:
         cfg = load_config("detect", "compare", list(args.overrides) + overrides)
-        backbones = {f"pretrained[{name}]": str(args.backbone)}
+        backbones = {} if args.no_pretrained else {f"pretrained[{name}]": str(args.backbone)}
         if not args.no_random:
             backbones[f"random[{name}]"] = None
         if args.stock:
             backbones[f"yolov10n[{name}]"] = "yolov10n.yaml"
-        rows += compare_backbones(data, backbones, seeds=args.seeds, cfg=cfg, out_dir=out / name)
+        rows += compare_backbones(data, backbones, seeds=args.seeds, cfg=cfg, out_dir=out / name,
+                                   reference=args.backbone)
         for r in rows:
             r["variant"], r["data_yaml"] = r["backbone"].split("[")[1].rstrip("]"), str(data)
         (out / "rows.json").write_text(json.dumps(rows, indent=1))
@@ -105,6 +106,8 @@ def main() -> None:
     r.add_argument("--backbone", type=Path, required=True)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--variant", action="append", default=[], help="name:key=value,key=value (repeatable)")
+    r.add_argument("--no-pretrained", action="store_true",
+                   help="skip the pretrained backbone (its rows come from another run folder, merged by report)")
     r.add_argument("--stock", action="store_true", help="also train the stock yolov10n fully, per variant")
     r.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0])
     r.add_argument("--no-random", action="store_true",

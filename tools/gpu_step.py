@@ -186,6 +186,11 @@ def ratio_cell(base: list[float], other: list[float]) -> str:
     return f"{statistics.median(other) / statistics.median(base):.2f}x [{lo:.2f}, {hi:.2f}]"
 
 
+# the eager workers say so: `train.compile: auto` compiles a run as long as gpu_vit_s16's on one GPU
+# (in the first lease with it, the "eager" worker of part 1 was compiled)
+EAGER = ["train.compile=false"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old-tree", type=Path, required=True, help="the old revision unpacked (git archive 7cef4c0)")
@@ -231,7 +236,7 @@ def main() -> int:
 
     def old_vs_new() -> dict:
         old = Worker(args.old_tree, args, [], files[args.batch])
-        new["eager"] = Worker(repo, args, [], files[args.batch])
+        new["eager"] = Worker(repo, args, EAGER, files[args.batch])
         t_old, t_new = paired(old, new["eager"], args.steps)
         out = {"old_s": statistics.median(t_old), "new_s": statistics.median(t_new), "ratio": ratio_cell(t_old, t_new),
                "old_flops": old.ask("flops")["flops"], "new_flops": new["eager"].ask("flops")["flops"],
@@ -250,7 +255,7 @@ def main() -> int:
         part("training loop vs engine step (new, eager)", loop_vs_engine)
     if args.recipe_batch:
         def recipe() -> dict:
-            w = Worker(repo, args, [], files[args.recipe_batch])
+            w = Worker(repo, args, EAGER, files[args.recipe_batch])
             times = [w.ask("step")["s"] for _ in range(args.steps + 3)][3:]
             out = {"s": statistics.median(times), "gib": w.ask("memory")["gib"], "flops": w.ask("flops")["flops"]}
             w.close()

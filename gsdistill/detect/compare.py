@@ -100,7 +100,8 @@ def _one_row(name: str, spec, reference, data: Path, cfg: DictConfig, out: Path,
 
 
 def compare_backbones(data, backbones: dict[str, str | Path | None], seeds: Iterable[int] = (0, 1),
-                      cfg: DictConfig | None = None, out_dir: str | Path = "runs/compare_backbones") -> list[dict]:
+                      cfg: DictConfig | None = None, out_dir: str | Path = "runs/compare_backbones",
+                      reference: str | Path | None = None) -> list[dict]:
     """Train and score one detector per (backbone, seed); return one row each.
 
     Args:
@@ -110,6 +111,8 @@ def compare_backbones(data, backbones: dict[str, str | Path | None], seeds: Iter
         seeds: training seeds (and random-twin init seeds); >= 2 for a spread.
         cfg: detect config (``load_config("detect", "compare", [...])``); every row uses it unchanged.
         out_dir: data, random backbones, runs and val reports go here.
+        reference: the exported folder whose architecture random twins copy; default the first
+            exported folder in ``backbones`` (give it when the pretrained row runs elsewhere).
 
     Returns:
         rows ``{backbone, seed, map50, map50_95 (pycocotools, fractions), ul_map50, ul_map50_95 (Ultralytics),
@@ -123,7 +126,7 @@ def compare_backbones(data, backbones: dict[str, str | Path | None], seeds: Iter
     seeds = [int(s) for s in seeds]
     data_yaml = _data_yaml(data, out, seeds[0] if seeds else 0)
     exported = [v for v in backbones.values() if v is not None and not str(v).endswith((".yaml", ".yml"))]
-    reference = exported[0] if exported else None
+    reference = reference if reference is not None else (exported[0] if exported else None)
     rows = []
     for seed in seeds:  # seed-major: a run cut short still holds every backbone of its first seeds
         for name, spec in backbones.items():

@@ -35,13 +35,44 @@ def backbone_kwargs(cfg: dict) -> dict:
     return kw
 
 
+class PatchProjection(torch.nn.Conv2d):
+    """The ViT's stride = kernel patch convolution computed as a reshape and one matrix product.
+
+    Same parameters and state-dict keys as the ``Conv2d`` it replaces, same result up to float
+    rounding. Why: cuDNN runs the bf16 stride-16 convolution as an implicit GEMM that took 5 % of the
+    compiled step on an H100 (docs/benchmarks.md), while the product is an ordinary tensor-core GEMM.
+    The output is an NCHW *view* of an NHWC tensor, so timm's ``nchw_to(NHWC)`` / ``flatten(2).transpose``
+    after it cost no copy. Anything the reshape cannot express (padding, overlap, a ragged edge)
+    falls back to the convolution.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        (kh, kw), (h_in, w_in) = self.kernel_size, x.shape[-2:]
+        if (self.stride != self.kernel_size or self.padding != (0, 0) or self.dilation != (1, 1)
+                or self.groups != 1 or h_in % kh or w_in % kw or x.dim() != 4):
+            return super().forward(x)
+        b, c = x.shape[:2]
+        h, w = h_in // kh, w_in // kw
+        cols = x.reshape(b, c, h, kh, w, kw).permute(0, 2, 4, 1, 3, 5).reshape(b, h, w, c * kh * kw)
+        out = torch.nn.functional.linear(cols, self.weight.reshape(self.out_channels, -1), self.bias)
+        return out.permute(0, 3, 1, 2)
+
+
+def fast_patch_projection(model: torch.nn.Module) -> torch.nn.Module:
+    """Turn the model's ``patch_embed.proj`` into a :class:`PatchProjection` in place (weights shared)."""
+    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
+    if type(proj) is torch.nn.Conv2d:
+        proj.__class__ = PatchProjection  # same module, same parameters: only the forward changes
+    return model
+
+
 def create_backbone(cfg: dict) -> torch.nn.Module:
     """A randomly initialised timm ViT (vision backbones train from scratch: nothing is downloaded)."""
     name = cfg["name"]
     if not name.startswith(("vit_", "deit_", "eva", "beit")):
         raise ValueError(f"backbone '{name}' is not a timm ViT; use e.g. vit_tiny_patch16_224")
     try:
-        return timm.create_model(name, pretrained=False, **backbone_kwargs(cfg))
+        return fast_patch_projection(timm.create_model(name, pretrained=False, **backbone_kwargs(cfg)))
     except RuntimeError as e:
         raise ValueError(f"timm has no model '{name}': {e}") from None
 
@@ -103,4 +134,4 @@ def load_backbone(path: str | Path, map_location: str = "cpu") -> torch.nn.Modul
         raise ValueError(f"{weights}: does not fit {meta['model_name']} {meta['kwargs']}: "
                          f"shape mismatches {bad[:5]}, missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.load_state_dict(state)
-    return model
+    return fast_patch_projection(model)

@@ -8,6 +8,7 @@ function of its position and resuming skips the epoch's first batches without au
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Iterator
 
 import torch
@@ -15,6 +16,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from gsdistill.models.gsdistill_model import masked_patch_index
 from gsdistill.models.view_batch import masked_view_index
+from gsdistill.threads import default_threads, limit_worker_threads
 from gsdistill.tuples.errors import DataError
 
 
@@ -189,8 +191,10 @@ class ShardBatches:
         if rounds >= per_reader:  # the position is the epoch's end: the next batch opens the next one
             epoch, rounds, extra = epoch + 1, 0, 0
         from torch.utils.data import DataLoader
+        # each worker gets the share of the cores the main process gets (gsdistill.threads)
+        init = partial(limit_worker_threads, default_threads(self.workers)) if self.workers else None
         loader = DataLoader(_EndlessBatches(self.epochs, epoch, rounds), batch_size=None,
-                            num_workers=self.workers, pin_memory=self.pin_memory)
+                            num_workers=self.workers, pin_memory=self.pin_memory, worker_init_fn=init)
         self._it = iter(loader)
         for _ in range(extra):  # batches of a part-done round: made again and dropped, to keep the order
             next(self._it)
