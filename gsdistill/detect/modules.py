@@ -34,6 +34,7 @@ from torch import nn
 from ultralytics.nn import tasks as ul_tasks
 from ultralytics.nn.modules import Conv
 
+from gsdistill.models.backbone import fast_patch_projection
 from gsdistill.views.pixels import IMAGENET_MEAN, IMAGENET_STD
 
 BACKBONE_LAYER = 0  # index of the ViT layer in the generated YAML: the value given to freeze=
@@ -64,7 +65,7 @@ class ViTBackbone(nn.Module):
         kw["dynamic_img_size"] = True
         self.frozen = bool(frozen)
         self.normalize = bool(normalize)
-        self.vit = timm.create_model(model_name, pretrained=False, **kw)
+        self.vit = fast_patch_projection(timm.create_model(model_name, pretrained=False, **kw))
         self.embed_dim = int(self.vit.embed_dim)
         self.patch_size = int(self.vit.patch_embed.patch_size[0])
         depth = len(self.vit.blocks)

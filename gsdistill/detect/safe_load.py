@@ -4,11 +4,11 @@ An Ultralytics checkpoint is a pickle: unpickled normally, a crafted ``.pt`` run
 Ultralytics (8.4) has an opt-in restricted path: ``torch.load(weights_only=True)`` against an
 allow-list of torch and Ultralytics classes, switched on per process by ``ULTRALYTICS_SAFE_LOAD=1``
 or per call by ``torch_safe_load(..., safe_only=True)``. A gsdistill detector also holds timm's ViT
-classes and the two gsdistill layers, which that allow-list lacks, so :func:`load_yolo` adds exactly
-those (``nn.Module`` subclasses and enums of ``timm.layers`` / ``timm.models`` and
-``gsdistill.detect.modules``, and only the ones the file names) before loading through Ultralytics'
-restricted path. Anything else the file names (``os.system``, ``builtins.eval``, ...) is refused
-before a byte of it runs.
+classes, the gsdistill layers and the ViT's ``PatchProjection``, which that allow-list lacks, so
+:func:`load_yolo` adds exactly those (``nn.Module`` subclasses and enums of ``timm.layers`` /
+``timm.models``, ``gsdistill.detect.modules`` and ``gsdistill.models.backbone``, and only the ones
+the file names) before loading through Ultralytics' restricted path. Anything else the file names
+(``os.system``, ``builtins.eval``, ...) is refused before a byte of it runs.
 """
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ from torch import nn  # noqa: E402
 
 import gsdistill.detect.modules  # noqa: E402,F401  (registers the layers with Ultralytics)
 
-TRUSTED_PREFIXES = ("torch.", "ultralytics.", "timm.", "gsdistill.detect.modules.", "numpy.", "collections.",
-                    "pathlib.")  # what a file this package writes may name; used to report what else a file names
-_EXTRA_MODULES = ("gsdistill.detect.modules",)
+# what a file this package writes may name; used to report what else a file names
+TRUSTED_PREFIXES = ("torch.", "ultralytics.", "timm.", "gsdistill.detect.modules.", "gsdistill.models.backbone.",
+                    "numpy.", "collections.", "pathlib.")
+_EXTRA_MODULES = ("gsdistill.detect.modules", "gsdistill.models.backbone")  # the latter: the ViT's PatchProjection
 _EXTRA_PACKAGES = ("timm.layers", "timm.models")
 
 
