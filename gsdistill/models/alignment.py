@@ -54,7 +54,11 @@ class PageTextAlignment(nn.Module):
     -> ``(loss scalar, z_p [A, proj_dim] L2-normalised)``; ``anchor_page`` indexes this rank's B pages.
 
     ``anchor_valid: bool[A]`` (optional) leaves views out as anchors and, in the symmetric term, as
-    candidates (``objective.align_views: visible``: the views iBOT masked). Under several processes
+    candidates (``objective.align_views: visible``: the views iBOT masked). ``text_positives:
+    bool[A, S]`` (optional) narrows each anchor's positives to those text slots of its own page
+    (``objective.local_sem``: a local view and the spans it shows; candidate index = page * S + slot);
+    an anchor left with none drops out. Such a call uses no memory bank: the page-level call of the
+    same step has queued this batch's texts, which would come back as false negatives. Under several processes
     every rank must hold the same B pages (fixed per-rank batches); ``text_width`` (a host-known
     bound on S, e.g. ``views.max_spans``) spares the collective that agrees on S otherwise.
     Scores and losses run in float32 with autocast off (see ``gsdistill.losses.precision``).
@@ -86,9 +90,13 @@ class PageTextAlignment(nn.Module):
 
     def forward(self, h_p: torch.Tensor, anchor_page: torch.Tensor, text: torch.Tensor,
                 valid: torch.Tensor, anchor_valid: torch.Tensor | None = None,
-                text_width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                text_width: int | None = None,
+                text_positives: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if text.dim() != 3 or valid.shape != text.shape[:2]:
             raise ValueError(f"text {tuple(text.shape)} must be [B, S, D] with valid [B, S], got {tuple(valid.shape)}")
+        if text_positives is not None and text_positives.shape != (h_p.shape[0], text.shape[1]):
+            raise ValueError(f"text_positives {tuple(text_positives.shape)} must be [A, S] = "
+                             f"({h_p.shape[0]}, {text.shape[1]})")
         if text.shape[-1] != self.text_proj.proj.in_features:
             raise ValueError(f"cached text embeddings have {text.shape[-1]} dims but model.text_dim is "
                              f"{self.text_proj.proj.in_features}: set model.text_dim (and model.text_encoder) "
@@ -103,6 +111,8 @@ class PageTextAlignment(nn.Module):
         if width > n_texts:
             text = F.pad(text, (0, 0, 0, width - n_texts))
             valid = F.pad(valid, (0, width - n_texts), value=False)
+            if text_positives is not None:
+                text_positives = F.pad(text_positives, (0, width - n_texts), value=False)
         sizes = equal_sizes(n_pages)  # pages per rank: the same on every rank (checked once)
         z = self.embed_pages(h_p)
         cand = gather_with_grad(self.embed_text(text), sizes)  # [B_world, S, P]
@@ -113,25 +123,30 @@ class PageTextAlignment(nn.Module):
         positives = (anchor_page + offset).unsqueeze(1) == cand_page.unsqueeze(0)
         if anchor_valid is not None:  # such an anchor has no positive: the loss leaves it out
             positives = positives & anchor_valid.unsqueeze(1)
-        if self.queue_size:
+        if text_positives is not None:  # the same slot mask on every gathered page; only its own page matches
+            positives = positives & text_positives.repeat(1, positives.shape[1] // width)
+        queue = self.queue_size and text_positives is None
+        if queue:
             cand = torch.cat([cand, self.embed_text(self.queue)])
             cand_valid = torch.cat([cand_valid, self.queue_valid])
             positives = F.pad(positives, (0, self.queue_size), value=False)
         with no_autocast(z):
             scores = self.logit_scale(z @ cand.T)
             loss = self.loss(scores, positives, cand_valid.unsqueeze(0).expand_as(scores))
-            if anchor_valid is not None:
+            if anchor_valid is not None or text_positives is not None:
                 loss = _share_weighted(loss, (positives & cand_valid).any(1).sum())
             if self.symmetric:  # and each of this rank's texts finds its page among all ranks' page views
                 loss = 0.5 * (loss + self._text_to_page(z, anchor_page, anchor_valid, n_pages, width, offset,
-                                                        cand, cand_valid))
-        if self.queue_size and self.training:
+                                                        cand, cand_valid, text_positives))
+        if queue and self.training:
             self._enqueue(gather_with_grad(text.detach(), sizes), gather_with_grad(valid.float(), sizes).bool())
         return loss, z
 
-    def _text_to_page(self, z, anchor_page, anchor_valid, n_pages, width, offset, cand, cand_valid) -> torch.Tensor:
+    def _text_to_page(self, z, anchor_page, anchor_valid, n_pages, width, offset, cand, cand_valid,
+                      text_positives=None) -> torch.Tensor:
         """The reverse direction (CLIP's symmetric loss): anchors = this rank's valid texts,
-        candidates = every rank's page views, positives = the views of the text's own page. Retrieval
+        candidates = every rank's page views, positives = the views of the text's own page (with
+        ``text_positives``: those of them that show the text). Retrieval
         runs this way (a page's texts are the query), so training both ways fits what is measured.
         Padding texts stay in the matrix with no positive (the loss leaves them out): a boolean
         selection would be a host sync."""
@@ -144,6 +159,9 @@ class PageTextAlignment(nn.Module):
         view_page = gather_with_grad((anchor_page + offset).to(z.dtype)[:, None], sizes)[:, 0].long()
         rev = self.logit_scale(texts @ z_all.T)
         positives = (text_page.unsqueeze(1) == view_page.unsqueeze(0)) & text_valid.unsqueeze(1)
+        if text_positives is not None:  # [A_world, width] -> text row t = page * width + slot reads slot t % width
+            shown = gather_with_grad(text_positives.to(z.dtype), sizes).bool()
+            positives = positives & shown.T.repeat(n_pages, 1)
         view_valid = None
         if anchor_valid is not None:  # a hidden view is no candidate: its boxes cannot be seen
             view_valid = gather_with_grad(anchor_valid.to(z.dtype)[:, None], sizes)[:, 0].bool()

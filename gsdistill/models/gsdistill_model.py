@@ -1,8 +1,9 @@
 """The GSDistill meta-architecture (paper 003 §4): student, EMA teacher, heads, named loss terms.
 
 ``GSDistill(cfg)(batch)`` takes a ``collate_pretrain`` batch and returns a dict of named loss terms
-(``sem``/``geom``/``joint``, ``distill``, ``ibot``, ``koleo``, ``patch_spread``; only the enabled ones) and ``total`` =
-the weighted sum ``l1 L_sem + l2 L_geom + l3 L_distill + l4 L_ibot + l5 L_KoLeo-H (+ l6 L_patch_spread)``. The training
+(``sem``/``geom``/``joint``, ``distill``, ``ibot``, ``koleo``, ``patch_spread``, ``local_sem``; only the enabled ones) and
+``total`` = the weighted sum ``l1 L_sem + l2 L_geom + l3 L_distill + l4 L_ibot + l5 L_KoLeo-H (+ l6 L_patch_spread
++ l7 L_local_sem: span-centred local views against the spans they show, ``gsdistill.models.local_text``)``. The training
 loop backpropagates ``total``, steps, calls :meth:`update_teacher`, logs and checkpoints.
 
 Views: the student sees the (iBOT-masked) global views and the local views; the teacher sees the
@@ -30,6 +31,7 @@ from gsdistill.losses.gather import equal_sizes
 from gsdistill.models.alignment import PageTextAlignment
 from gsdistill.models.backbone import create_backbone
 from gsdistill.models.heads import DINOHead
+from gsdistill.models.local_text import local_sem_term
 from gsdistill.models.page_embeddings import PageEmbeddings
 from gsdistill.models.view_batch import masked_view_index, normalize_crops, whole_view_rows, with_unmasked_copies
 from gsdistill.models.vit_encoder import encode_views, install_view_hooks
@@ -95,7 +97,17 @@ class GSDistill(PageEmbeddings, nn.Module):
         self.text_width = {n: 1 if self.positives == "single" or (n == "geom" and self.geom_target == "mean")
                            else spans and spans * (1 + (n == "joint")) for n in self.align}
         self.weights.update(distill=float(o["lambda_distill"]), ibot=float(o["lambda_ibot"]),
-                            koleo=float(o["lambda_koleo"]), patch_spread=float(o["lambda_patch_spread"]))
+                            koleo=float(o["lambda_koleo"]), patch_spread=float(o["lambda_patch_spread"]),
+                            local_sem=float(o.get("lambda_local_sem", 1.0)))
+        # .get: configs saved before these keys existed (read without the defaults) build the model too
+        views = cfg["views"] if "views" in cfg else {}
+        self.local_sem, self.local_text_width = bool(o.get("local_sem", False)), spans
+        if self.local_sem and ("sem" not in self.align or views.get("local_mode") != "spans"):
+            raise ValueError("objective.local_sem needs the semantic head (objective.heads semantic or dual) and "
+                             "span-centred local views (views.local_mode=spans)")
+        # what retrieval over span-centred crops should show this model: (page px, view px), as pretrained
+        self.span_crop_view = ((int(views["local_span_px"]), int(views["local_size"]))
+                               if views.get("local_mode") == "spans" else None)
         self.teacher_temp, self.centering = float(o["teacher_temp"]), str(o["centering"])
         # short-run schedules (DINOv2 warms the teacher temperature up; we also ramp the
         # self-distillation weights so the alignment heads shape the features before the EMA
@@ -256,9 +268,18 @@ class GSDistill(PageEmbeddings, nn.Module):
         if self.use_patch_spread:  # the tokens of whole global views (masked ones carry the mask token)
             with record_function("gsdistill.patch_spread"):
                 terms["patch_spread"] = self.patch_spread_loss(p_align.flatten(0, 1))
+        h_local = p_local = None
+        if self.use_distill or self.local_sem:  # one student pass over the local views serves DINO and local_sem
+            with record_function("gsdistill.student_local"):
+                h_local, p_local = encode_views(self.backbone, local,
+                                                with_patches=self.local_sem and self.pool_grid["sem"] > 0)
+        if self.local_sem:
+            with record_function("gsdistill.local_sem"):
+                terms["local_sem"] = local_sem_term(self, h_local, p_local, local.shape[-2:], batch, n_pages,
+                                                    n_local, self.local_text_width)
         if self.use_distill or self.use_ibot:
             terms.update(self._self_distillation(glob, local, masks, batch.get("mask_index"), h_glob, patches,
-                                                 n_global, n_local))
+                                                 h_local, n_global, n_local))
         ramp = self.distill_ramp()
         terms["total"] = sum(self.weights[k] * (ramp if k in ("distill", "ibot") else 1.0) * v
                              for k, v in terms.items())
@@ -279,7 +300,7 @@ class GSDistill(PageEmbeddings, nn.Module):
             return logits[:pooled.shape[0]], logits[pooled.shape[0]:]
         return (None if pooled is None else dino(pooled)), (None if masked is None else ibot(masked))
 
-    def _self_distillation(self, glob, local, masks, batch_index, h_glob, patches, n_global, n_local) -> dict:
+    def _self_distillation(self, glob, local, masks, batch_index, h_glob, patches, h_local, n_global, n_local) -> dict:
         out = {}
         teacher_local = self.use_distill and self.distill_local and n_local > 0
         index = masked_patch_index(masks, batch_index) if self.use_ibot else None
@@ -291,10 +312,7 @@ class GSDistill(PageEmbeddings, nn.Module):
                     else t_glob
             t_masked = t_patch.flatten(0, 1).index_select(0, index) if self.use_ibot else None
             t_dino, t_ibot = self._head_logits(self.teacher, t_pooled, t_masked)
-        s_pooled = None
-        if self.use_distill:
-            with record_function("gsdistill.student_local"):
-                s_pooled = torch.cat([h_glob, encode_views(self.backbone, local)[0]])
+        s_pooled = torch.cat([h_glob, h_local]) if self.use_distill else None
         with record_function("gsdistill.heads"):
             s_masked = patches.flatten(0, 1).index_select(0, index) if self.use_ibot else None
             s_dino, s_ibot = self._head_logits(self, s_pooled, s_masked)

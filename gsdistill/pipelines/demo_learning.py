@@ -10,7 +10,10 @@ Models compared on the same pages:
   floor for the numbers).
 
 For each model, split (training pages, held-out pages) and head, :func:`head_retrieval` gives Acc@1
-with a document-level bootstrap interval and the page embedding's effective rank.
+with a document-level bootstrap interval and the page embedding's effective rank. A model pretrained
+with span-centred local views (``views.local_mode: spans``) gets one more row, ``sem_crops``: the
+same 5-text semantic queries against galleries of span-centred crops at the local views' resolution
+(:func:`gsdistill.eval.span_crop_retrieval.span_crop_retrieval`).
 """
 from __future__ import annotations
 
@@ -20,8 +23,10 @@ import numpy as np
 import torch
 
 from gsdistill.eval.head_retrieval import bootstrap_by_document, head_retrieval
+from gsdistill.eval.span_crop_retrieval import span_crop_retrieval
 
 HEAD_QUERIES = (("geom", None), ("sem", 1), ("sem", 5), ("sem", 8))
+SPAN_CROP_K = 5  # texts per query of the span-crop gallery row
 
 
 def untrained_model(run_dir: Path, seed: int):
@@ -33,18 +38,28 @@ def untrained_model(run_dir: Path, seed: int):
     return GSDistill(cfg).eval()
 
 
+def _row(label: str, split: str, head: str, k, r: dict) -> dict:
+    return {"model": label, "split": split, "head": head, "k": "all" if k is None else k,
+            "acc1": r["acc1"], "ci95": r["ci95"], "r5": r["r5"], "mrr": r["mrr"],
+            "chance": r["chance"], "n_pages": r["n_pages"], "n_docs": r["n_docs"],
+            "effective_rank": r["spread"]["effective_rank"], "hits": r["hits"]}
+
+
 def measure(models: dict, splits: dict[str, list[dict]], image_size: int, seed: int = 0,
             device: str = "cpu") -> list[dict]:
-    """One row per (model, split, head, k): Acc@1, its document-bootstrap interval, chance, rank."""
+    """One row per (model, split, head, k): Acc@1, its document-bootstrap interval, chance, rank;
+    head ``sem_crops`` (with ``gallery``, its crops in words) for models pretrained on span-centred views."""
     rows = []
     for label, model in models.items():
         for split, pages in splits.items():
             for head, k in HEAD_QUERIES:
                 r = head_retrieval(model, pages, head, image_size, k=k, seed=seed, device=device)
-                rows.append({"model": label, "split": split, "head": head, "k": "all" if k is None else k,
-                             "acc1": r["acc1"], "ci95": r["ci95"], "r5": r["r5"], "mrr": r["mrr"],
-                             "chance": r["chance"], "n_pages": r["n_pages"], "n_docs": r["n_docs"],
-                             "effective_rank": r["spread"]["effective_rank"], "hits": r["hits"]})
+                rows.append(_row(label, split, head, k, r))
+            if getattr(model, "span_crop_view", None) is not None:
+                r = span_crop_retrieval(model, pages, k=SPAN_CROP_K, seed=seed, device=device)
+                rows.append({**_row(label, split, "sem_crops", SPAN_CROP_K, r), "gallery": (
+                    f"up to {r['max_crops']} crops of {r['span_px']} page px at {r['crop_size']} px, "
+                    f"{r['crops_per_page']:.1f} a page; {r['aggregation']} over texts of the best crop")})
     return rows
 
 
@@ -76,6 +91,8 @@ def retrieval_markdown(rows: list[dict], split: str, text_note: str | None = Non
         what = "geometric: all box descriptors" if head == "geom" else f"semantic: {k} text crop(s)"
         if head == "sem" and text_note:
             what += f" ({text_note})"
+        if head == "sem_crops":
+            what += f", span-crop gallery ({any_row['gallery']})"
         vals = []
         for m in models:
             r = cell.get((m, head, k))

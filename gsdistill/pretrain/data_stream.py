@@ -101,12 +101,9 @@ class _EpochBatches:
         # a cache without what the objective reads is a DataError naming the command that adds it (no cache
         # at all: collate_pretrain names the command)
         cache = open_embeddings(self.shard_dir, fields=fields_for(str(self.cfg["objective"]["positives"])))
-        views = MultiCropViews(
-            global_size=int(v["global_size"]), local_size=int(v["local_size"]), n_global=int(v["n_global"]),
-            n_local=int(v["n_local"]), global_scale=tuple(v["global_scale"]), local_scale=tuple(v["local_scale"]),
-            patch_size=self.patch_size, mask_prob=float(v["mask_prob"]), mask_ratio=tuple(v["mask_ratio"]),
-            max_spans=int(v["max_spans"]), hflip=bool(v["hflip"]), color_jitter=float(v["color_jitter"]),
-            blur_prob=float(v["blur_prob"]), seed=self.seed * 100003 + epoch * 1009 + self.rank)
+        # every views key, local_mode and local_span_px included (a hand-written list here once left them out:
+        # runs asking for span-centred local views trained on random ones)
+        views = MultiCropViews.from_config(v, self.patch_size, seed=self.seed * 100003 + epoch * 1009 + self.rank)
         dataset = ShardDataset(self.shard_dir, shuffle_buffer=int(d["shuffle_buffer"]), seed=self.seed,
                                rank=self.rank, world_size=self.world, transform=views, embeddings=cache)
         dataset.set_epoch(epoch)

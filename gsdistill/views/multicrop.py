@@ -17,13 +17,15 @@ line is 2-3 px high. ``spans``: a square of about ``local_span_px`` page pixels 
 a random point of a random text span, resized to ``local_size``, so the text of real documents is
 seen near its native size (with ``local_span_px`` = 96 and ``local_size`` = 64, a 10 px line of a
 72 dpi page is about 7 px high): the paper's local views are crops of the page at its own
-resolution, the only views in which a CPU-sized model can see real text.
+resolution, the only views in which a CPU-sized model can see real text. In that mode each sample
+also carries ``local_span_mask``: per local view, which of the page's first ``max_spans`` spans (the
+rows of its ``sem_emb``) it shows, for the local text term (``objective.local_sem``).
 
 Crops are ``uint8`` pixels (``gsdistill.views.pixels``): the model normalises them on its device.
 
 ``collate_pretrain`` stacks samples into the view-major batch the model consumes
 (:meth:`gsdistill.models.gsdistill_model.GSDistill.forward`): every page's view 0, then every
-page's view 1, ...
+page's view 1, ...; ``local_span_mask`` alone is page-major, ``bool[B, n_local, S]``.
 """
 from __future__ import annotations
 
@@ -70,20 +72,50 @@ def _photometric(size: int, color_jitter: float, blur_prob: float) -> A.Compose:
     return A.Compose(ops)
 
 
-def span_window(page: dict, side_px: float, rng: np.random.Generator) -> tuple[int, int, int, int]:
-    """A square window ``[x0, y0, x1, y1)`` of about ``side_px`` (x0.8-1.25) page pixels around a random
-    point of a random text span, moved (not cut) to lie inside the page; the page centre without spans."""
+def _has_area(bbox) -> bool:
+    return bbox[2] > bbox[0] and bbox[3] > bbox[1]
+
+
+def square_window(page: dict, cx: float, cy: float, side: float) -> tuple[int, int, int, int]:
+    """The square ``[x0, y0, x1, y1)`` of ``side`` page pixels (at most the page's shorter side) centred
+    on ``(cx, cy)``, moved (not cut) to lie inside the page."""
     w, h = int(page["width"]), int(page["height"])
-    side = int(round(min(side_px * float(np.exp(rng.uniform(np.log(0.8), np.log(1.25)))), w, h)))
-    spans = [s["bbox"] for s in page.get("spans", []) if s["bbox"][2] > s["bbox"][0] and s["bbox"][3] > s["bbox"][1]]
-    if spans:
-        x0, y0, x1, y1 = (float(v) for v in spans[int(rng.integers(len(spans)))])
-        cx, cy = rng.uniform(x0, x1), rng.uniform(y0, y1)
-    else:
-        cx, cy = w / 2, h / 2
+    side = int(round(min(side, w, h)))
     left = int(np.clip(round(cx - side / 2), 0, w - side))
     top = int(np.clip(round(cy - side / 2), 0, h - side))
     return left, top, left + side, top + side
+
+
+def chosen_span_window(page: dict, side_px: float, rng: np.random.Generator) -> tuple[tuple[int, int, int, int], int | None]:
+    """:func:`span_window` and the index in ``page["spans"]`` of the span it was drawn around (None without spans)."""
+    side = side_px * float(np.exp(rng.uniform(np.log(0.8), np.log(1.25))))
+    spans = [i for i, s in enumerate(page.get("spans", [])) if _has_area(s["bbox"])]
+    if not spans:
+        return square_window(page, int(page["width"]) / 2, int(page["height"]) / 2, side), None
+    chosen = spans[int(rng.integers(len(spans)))]
+    x0, y0, x1, y1 = (float(v) for v in page["spans"][chosen]["bbox"])
+    return square_window(page, rng.uniform(x0, x1), rng.uniform(y0, y1), side), chosen
+
+
+def span_window(page: dict, side_px: float, rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """A square window ``[x0, y0, x1, y1)`` of about ``side_px`` (x0.8-1.25) page pixels around a random
+    point of a random text span, moved (not cut) to lie inside the page; the page centre without spans."""
+    return chosen_span_window(page, side_px, rng)[0]
+
+
+def spans_in_window(page: dict, window, n: int, chosen: int | None = None) -> np.ndarray:
+    """``bool[n]`` over ``page["spans"][:n]`` (the rows of the page's cached ``sem_emb``, same order):
+    True for a span whose box centre lies in ``window`` ``[x0, y0, x1, y1)`` and for ``chosen``, the span
+    the window was drawn around (its centre may lie outside when the window was moved onto the page)."""
+    x0, y0, x1, y1 = window
+    out = np.zeros(n, dtype=bool)
+    for i, s in enumerate(page.get("spans", [])[:n]):
+        b = s["bbox"]
+        cx, cy = (b[0] + b[2]) / 2, (b[1] + b[3]) / 2
+        out[i] = _has_area(b) and x0 <= cx < x1 and y0 <= cy < y1
+    if chosen is not None and chosen < n:
+        out[chosen] = True
+    return out
 
 
 def _shift_boxes(boxes: tuple[np.ndarray, list[str]], window, size: int) -> dict:
@@ -146,12 +178,13 @@ class MultiCropViews:
                    local_mode=str(v["local_mode"]), local_span_px=int(v["local_span_px"]))
 
     def _span_view(self, rng: np.random.Generator, page: dict, image: np.ndarray, boxes) -> tuple:
-        window = span_window(page, self.local_span_px, rng)
+        """(crop, its boxes or None, (window, index of the span it was drawn around))."""
+        window, chosen = chosen_span_window(page, self.local_span_px, rng)
         x0, y0, x1, y1 = window
         self.span_tf.set_random_seed(int(rng.integers(2**31)))
         out = self.span_tf(image=np.ascontiguousarray(image[y0:y1, x0:x1]))
         tensor = torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1)))
-        return tensor, (None if boxes is None else _shift_boxes(boxes, window, self.local_size))
+        return tensor, (None if boxes is None else _shift_boxes(boxes, window, self.local_size)), (window, chosen)
 
     def _view(self, tf: A.Compose, rng: np.random.Generator, image: np.ndarray, boxes) -> tuple:
         tf.set_random_seed(int(rng.integers(2**31)))
@@ -170,18 +203,23 @@ class MultiCropViews:
         boxes = page_boxes(page) if self.track_boxes else None
         rng = np.random.default_rng([self.seed, zlib.crc32(str(page["id"]).encode("utf-8"))])
         g = [self._view(self.global_tf, rng, image, boxes) for _ in range(self.n_global)]
+        windows = None
         if self.local_mode == "spans":
             loc = [self._span_view(rng, page, image, boxes) for _ in range(self.n_local)]
+            windows = [w for _, _, w in loc]
         else:
             loc = [self._view(self.local_tf, rng, image, boxes) for _ in range(self.n_local)]
         masks = [torch.from_numpy(view_mask(self.grid, self.mask_prob, self.mask_ratio, rng)) for _ in g]
-        sample = {"id": page["id"], "global_crops": [t for t, _ in g], "local_crops": [t for t, _ in loc],
+        sample = {"id": page["id"], "global_crops": [t for t, *_ in g], "local_crops": [t for t, *_ in loc],
                   "masks": masks}
         if self.track_boxes:
-            sample["global_boxes"], sample["local_boxes"] = [b for _, b in g], [b for _, b in loc]
+            sample["global_boxes"], sample["local_boxes"] = [b for _, b, *_ in g], [b for _, b, *_ in loc]
         for key in ("sem_emb", "geom_emb"):
             if key in page:
                 sample[key] = np.asarray(page[key], dtype=np.float32)[: self.max_spans]
+        if windows is not None:  # the spans each local view shows (objective.local_sem), over sem_emb's rows
+            n = len(sample["sem_emb"]) if "sem_emb" in sample else min(len(page.get("spans", [])), self.max_spans)
+            sample["local_span_mask"] = [spans_in_window(page, w, n, chosen) for w, chosen in windows]
         for key in ("sp_sem_emb", "sp_geom_emb", "sp_joint_emb"):
             if key in page:
                 sample[key] = np.asarray(page[key], dtype=np.float32)
@@ -223,5 +261,12 @@ def collate_pretrain(samples: list[dict]) -> dict:
     for key in ("sp_sem_emb", "sp_geom_emb", "sp_joint_emb"):
         if all(key in s for s in samples):
             batch[key] = torch.stack([torch.from_numpy(s[key]) for s in samples])
+    if n_l and all("local_span_mask" in s for s in samples):
+        # page-major [B, n_local, S] (S = sem_emb's padded width), so a rank's slice is its pages' rows
+        shown = torch.zeros(len(samples), n_l, batch["sem_emb"].shape[1], dtype=torch.bool)
+        for i, s in enumerate(samples):
+            for v, m in enumerate(s["local_span_mask"]):
+                shown[i, v, :len(m)] = torch.from_numpy(m)
+        batch["local_span_mask"] = shown
     batch["ids"] = [s["id"] for s in samples]
     return batch
