@@ -103,16 +103,21 @@ def head_retrieval(model, pages: Iterable[dict], head: str = "geom", image_size:
     sims = (q @ gallery.T).reshape(text.shape[0], text.shape[1], -1)
     aggregation = aggregation or DEFAULT_AGGREGATION[head]
     scores = aggregate_crop_scores(sims, valid, aggregation, temperature)
+    return {"head": head, "k": k, "aggregation": aggregation, **own_page_scores(scores, usable, n_boot, seed),
+            "skipped": len(pages) - len(usable), "spread": embedding_spread(gallery)}
+
+
+def own_page_scores(scores: torch.Tensor, pages: list[dict], n_boot: int, seed: int) -> dict:
+    """``scores [Q, N]`` of query ``i`` (page ``i``'s texts) against every page -> ``{acc1, ci95, r5, mrr,
+    chance, n_pages, n_docs, hits, page_ids}``, the interval a bootstrap over ``pages``' documents."""
     true = scores.diagonal().unsqueeze(1)
     # a tie is never a hit and costs half a place in the rank: a collapsed model (all pages equal)
     # must score as chance, not as perfect
     better, ties = (scores > true).sum(1), (scores == true).sum(1) - 1
     rank = better.float() + 1 + ties.float() / 2
     hits = ((better == 0) & (ties == 0)).numpy().astype(float)
-    doc_ids = [str(p.get("doc_id") or p["id"]) for p in usable]
+    doc_ids = [str(p.get("doc_id") or p["id"]) for p in pages]
     lo, hi = bootstrap_by_document(hits, doc_ids, n_boot, seed)
-    return {"head": head, "k": k, "aggregation": aggregation, "acc1": float(hits.mean()), "ci95": [lo, hi],
-            "r5": float((rank <= 5).float().mean()), "mrr": float((1.0 / rank).mean()),
-            "chance": 1.0 / len(usable), "n_pages": len(usable), "n_docs": len(set(doc_ids)),
-            "skipped": len(pages) - len(usable), "spread": embedding_spread(gallery),
-            "hits": hits.tolist(), "page_ids": [p["id"] for p in usable]}
+    return {"acc1": float(hits.mean()), "ci95": [lo, hi], "r5": float((rank <= 5).float().mean()),
+            "mrr": float((1.0 / rank).mean()), "chance": 1.0 / len(pages), "n_pages": len(pages),
+            "n_docs": len(set(doc_ids)), "hits": hits.tolist(), "page_ids": [p["id"] for p in pages]}

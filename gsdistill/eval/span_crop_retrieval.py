@@ -30,16 +30,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gsdistill.eval.head_retrieval import _queries, bootstrap_by_document
+from gsdistill.eval.head_retrieval import _queries, own_page_scores
 from gsdistill.eval.page_retrieval import aggregate_crop_scores, embed_gallery, embedding_spread
-from gsdistill.views.multicrop import square_window
+from gsdistill.views.multicrop import has_area, square_window
 
 MAX_SIMS = 1 << 24  # floats of one [Q, K, pages, crops] similarity chunk (64 MB)
 
 
 def span_crop_windows(page: dict, span_px: float, max_crops: int = 32) -> list[tuple[int, int, int, int]]:
     """Windows ``[x0, y0, x1, y1)`` of the page's crops (module doc), in reading order."""
-    spans = [s["bbox"] for s in page.get("spans", []) if s["bbox"][2] > s["bbox"][0] and s["bbox"][3] > s["bbox"][1]]
+    spans = [s["bbox"] for s in page.get("spans", []) if has_area(s["bbox"])]
     if not spans:
         return [square_window(page, int(page["width"]) / 2, int(page["height"]) / 2, span_px)]
     pick = np.unique(np.linspace(0, len(spans) - 1, min(len(spans), max_crops)).round().astype(int))
@@ -116,16 +116,7 @@ def span_crop_retrieval(model, pages: Iterable[dict], k: int | None = 5, seed: i
     q = F.normalize(model.embed_text_sem(text.reshape(-1, text.shape[-1]).to(device)).float(), dim=-1).cpu()
     sims = best_crop_sims(q.reshape(text.shape[0], text.shape[1], -1), crops, crop_valid)
     scores = aggregate_crop_scores(sims, valid, aggregation, temperature)
-    true = scores.diagonal().unsqueeze(1)
-    better, ties = (scores > true).sum(1), (scores == true).sum(1) - 1  # a tie is no hit, half a place
-    rank = better.float() + 1 + ties.float() / 2
-    hits = ((better == 0) & (ties == 0)).numpy().astype(float)
-    doc_ids = [str(p.get("doc_id") or p["id"]) for p in usable]
-    lo, hi = bootstrap_by_document(hits, doc_ids, n_boot, seed)
-    return {"head": "sem", "k": k, "aggregation": aggregation, "acc1": float(hits.mean()), "ci95": [lo, hi],
-            "r5": float((rank <= 5).float().mean()), "mrr": float((1.0 / rank).mean()),
-            "chance": 1.0 / len(usable), "n_pages": len(usable), "n_docs": len(set(doc_ids)),
-            "skipped": len(pages) - len(usable), "spread": embedding_spread(crops[crop_valid]),
-            "hits": hits.tolist(), "page_ids": [p["id"] for p in usable], "span_px": int(span_px),
+    return {"head": "sem", "k": k, "aggregation": aggregation, **own_page_scores(scores, usable, n_boot, seed),
+            "skipped": len(pages) - len(usable), "spread": embedding_spread(crops[crop_valid]), "span_px": int(span_px),
             "crop_size": int(crop_size), "max_crops": int(max_crops),
             "crops_per_page": float(crop_valid.sum(1).float().mean())}

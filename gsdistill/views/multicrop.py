@@ -72,7 +72,8 @@ def _photometric(size: int, color_jitter: float, blur_prob: float) -> A.Compose:
     return A.Compose(ops)
 
 
-def _has_area(bbox) -> bool:
+def has_area(bbox) -> bool:
+    """A box ``[x0, y0, x1, y1]`` that covers some area (spans of zero width or height exist in PDFs)."""
     return bbox[2] > bbox[0] and bbox[3] > bbox[1]
 
 
@@ -89,7 +90,7 @@ def square_window(page: dict, cx: float, cy: float, side: float) -> tuple[int, i
 def chosen_span_window(page: dict, side_px: float, rng: np.random.Generator) -> tuple[tuple[int, int, int, int], int | None]:
     """:func:`span_window` and the index in ``page["spans"]`` of the span it was drawn around (None without spans)."""
     side = side_px * float(np.exp(rng.uniform(np.log(0.8), np.log(1.25))))
-    spans = [i for i, s in enumerate(page.get("spans", [])) if _has_area(s["bbox"])]
+    spans = [i for i, s in enumerate(page.get("spans", [])) if has_area(s["bbox"])]
     if not spans:
         return square_window(page, int(page["width"]) / 2, int(page["height"]) / 2, side), None
     chosen = spans[int(rng.integers(len(spans)))]
@@ -112,7 +113,7 @@ def spans_in_window(page: dict, window, n: int, chosen: int | None = None) -> np
     for i, s in enumerate(page.get("spans", [])[:n]):
         b = s["bbox"]
         cx, cy = (b[0] + b[2]) / 2, (b[1] + b[3]) / 2
-        out[i] = _has_area(b) and x0 <= cx < x1 and y0 <= cy < y1
+        out[i] = has_area(b) and x0 <= cx < x1 and y0 <= cy < y1
     if chosen is not None and chosen < n:
         out[chosen] = True
     return out
