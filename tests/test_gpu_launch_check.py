@@ -26,7 +26,7 @@ def test_gpu_check_cpu_writes_the_table(tmp_path):
     keep = ("PATH", "HOME", "LANG", "TMPDIR", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "YOLO_OFFLINE",
             "TORCH_EXTENSIONS_DIR", "GSDISTILL_SHARED_DATA")
     env = {k: os.environ[k] for k in keep if k in os.environ}
-    done = subprocess.run(["bash", "tools/gpu_check.sh", "--cpu", "--steps", "3", "--out", str(tmp_path)], cwd=REPO,
+    done = subprocess.run(["bash", "tools/gpu_check.sh", "--cpu", "--steps", "8", "--out", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=900, env={**env, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     report = (tmp_path / "gpu_check.md").read_text()
@@ -42,6 +42,11 @@ def test_gpu_check_cpu_writes_the_table(tmp_path):
         assert all(float(d) < 0.05 for d in diffs), (name, diffs)  # bf16 stays near the CPU fp32 run
     assert "Detection, head only, 1 epoch (8 pages, 64 px): exit 0." in report
     assert re.search(r"Profile \(torch engine, bf16, 3 steps\): [\d.]+ ms device time per step; top kernels: `", report)
+    # the loop itself profiled (train.profile_steps=3 on the torch run): its data fetch is one of the rows
+    assert "Loop profile of the torch run (run0/profile/top_ops.txt; `trace.json` beside it): 3 profiled steps" in report
+    assert re.search(r"CPU: \d+ cores for this process; cgroup quota (none|not readable|[\d.]+ CPUs)", report)
+    for phase in ("gsdistill.data", "gsdistill.sync", "gsdistill.backward"):
+        assert re.search(rf"\n\s+[\d.]+\s+1\.0  {phase}\n", report), phase
     wanted = ("data: synthetic pages, built and embedded", "agreement: CPU fp32 reference", "all")
     parts = {name: float(cells[1]) for name, cells in rows.items() if name in wanted}
     assert len(parts) == 3 and all(s > 0 for s in parts.values())

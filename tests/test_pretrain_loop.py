@@ -3,6 +3,8 @@ after the first step (on with ``check_every_step``), a NaN loss stops it before 
 ``TrainingDiverged``, and the one device resolver."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -138,3 +140,42 @@ def test_pretraining_steps_sync_the_host_twice_in_the_loop(tmp_path):
     assert sum(five.values()) - sum(two.values()) == 3 * 1
     grew = [k for k in five if five[k] != two.get(k, 0)]
     assert len(grew) == 1 and all(k.startswith("tolist @ ") for k in grew), five
+
+
+def test_profile_steps_records_that_many_steps_of_the_loop(tmp_path):
+    """``train.profile_steps``: the profiled steps are steps 3.. of the loop (2 skipped, 1 warm-up),
+    each one data fetch and one engine forward, ranked in ``top_ops.txt``; a Chrome trace beside it."""
+    from torch.profiler import record_function
+
+    class Named(ToyEngine):
+        def forward(self, batch):
+            with record_function("toy.forward"):
+                return super().forward(batch)
+
+    trainer = _trainer(tmp_path, Named(), steps=8, profile_steps=3)
+    trainer.fit()
+    report = (tmp_path / "profile" / "top_ops.txt").read_text()
+    assert report.startswith("3 profiled steps (after 2 skipped and 1 warm-up)")
+    phases, *_ = report.split("\n\n")[1:]
+    rows = {line.split()[-1]: float(line.split()[1]) for line in phases.splitlines()[1:]}
+    assert rows["gsdistill.data"] == rows["gsdistill.sync"] == 1.0  # calls per profiled step (one read a step)
+    assert "toy.forward" in report
+    trace = json.loads((tmp_path / "profile" / "trace.json").read_text())
+    assert sum(e.get("name") == "toy.forward" for e in trace["traceEvents"]) == 3
+
+
+def test_profile_steps_in_a_run_shorter_than_its_schedule(tmp_path):
+    trainer = _trainer(tmp_path, ToyEngine(), steps=5, profile_steps=4)  # steps 3 and 4 of 4 recorded
+    trainer.fit()
+    assert (tmp_path / "profile" / "top_ops.txt").read_text().startswith("2 profiled steps")
+    short = tmp_path / "short"
+    _trainer(short, ToyEngine(), steps=3, profile_steps=4).fit()  # only the skipped and warm-up steps ran
+    assert not (short / "profile").exists()
+
+
+def test_profile_steps_must_be_a_count():
+    from gsdistill.config import ConfigError, load_config
+
+    assert load_config("pretrain", None, [])["train"]["profile_steps"] == 0
+    with pytest.raises(ConfigError, match="train.profile_steps.*must be >= 0"):
+        load_config("pretrain", None, ["train.profile_steps=-1"])

@@ -5,12 +5,14 @@ On a machine with GPUs, in this order, each part's seconds printed as it ends an
 the synthetic pages (built on every core, ``prepare_synthetic``); the tests marked ``cuda``
 (``pytest -m cuda``); DeepSpeed's CPU Adam, built once (a JIT compile); a short ViT-S/16 bf16 run
 of each engine at the recipe's batch (``gpu_vit_s16``; on 2 GPUs too when there are 2): step time,
-pages/s, the median wait for data, peak memory, model FLOP/s as a share of the GPU's bf16 peak;
+pages/s, the median wait for data, peak memory, model FLOP/s as a share of the GPU's bf16 peak, the
+container's CPU quota and throttled time, and the torch run's loop profiled (``train.profile_steps``:
+its phases, data loading and the wait for the device included, against the bare engine's profile);
 the agreement check: both engines in bf16 on the GPU and the torch engine in fp32 on the CPU, 3
 steps of the same recipe at a batch the CPU finishes in well under a minute (its point is the
 terms' agreement, not the batch); a ``torch.profiler`` row (top kernels and their share of the
 GPU time); one epoch of head-only detection on the torch run's backbone. Then a markdown table
-(``gpu_check.md``).
+(``gpu_check.md``). ``--no-tests``: skip the tests (a lease that runs them in a call of their own).
 
 ``--cpu``: the same commands at tiny sizes on the CPU (bf16 there is CPU autocast / DeepSpeed's
 CPU accelerator), so that CI keeps the script working where no GPU is.
@@ -117,6 +119,26 @@ def launch(prefix: list[str], experiment: str | None, overrides: list[str], run_
     return {"rc": done.returncode, "rows": rows, "log": log}
 
 
+def cpu_limits() -> dict:
+    """This machine's CPU quota and throttled time so far (cgroup v2 ``cpu.max`` / ``cpu.stat``, else
+    v1 ``cpu.cfs_*``): a container whose quota is below its core count stalls every thread of the
+    loop at once, the main thread's kernel launches too. Empty where neither is readable."""
+    v2, v1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
+    try:
+        if (v2 / "cpu.max").is_file():
+            quota, period = (v2 / "cpu.max").read_text().split()
+            stat = dict(line.split() for line in (v2 / "cpu.stat").read_text().splitlines())
+            return {"cpus": None if quota == "max" else int(quota) / int(period),
+                    "throttled_ms": int(stat.get("throttled_usec", 0)) / 1e3}
+        if (v1 / "cpu.cfs_quota_us").is_file():
+            quota, period = (int((v1 / f).read_text()) for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+            stat = dict(line.split() for line in (v1 / "cpu.stat").read_text().splitlines())
+            return {"cpus": None if quota < 0 else quota / period, "throttled_ms": int(stat.get("throttled_time", 0)) / 1e6}
+    except (OSError, ValueError):
+        pass
+    return {}
+
+
 def build_deepspeed_ops() -> str:
     """Build (or find cached) DeepSpeed's CPU Adam, so that no run's step time holds the compile."""
     code = "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
@@ -124,9 +146,29 @@ def build_deepspeed_ops() -> str:
     return "built" if done.returncode == 0 else f"FAILED: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
 
 
+# the torch run's loop is profiled (train.profile_steps): steps 3 (the profiler's warm-up) to 6, left out of its medians
+PROFILE_STEPS = 3
+PROFILED = range(3, 4 + PROFILE_STEPS)
+
+
 def _median(rows: list[dict], key: str) -> float:
-    timed = [float(r[key]) for r in rows[1:]] or [float(rows[0][key])]  # step 1 warms up
-    return statistics.median(timed)
+    timed = [float(r[key]) for r in rows[1:] if int(float(r["step"])) not in PROFILED]  # step 1 warms up
+    return statistics.median(timed or [float(r[key]) for r in rows[1:]] or [float(rows[0][key])])
+
+
+def loop_profile(run_dir: Path, top: int = 12) -> list[str]:
+    """The head of the torch run's loop profile (``train.profile_steps``): where the loop's main thread
+    and the device spend a step, data loading included, to set against the bare engine's profile row."""
+    report = run_dir / "profile" / "top_ops.txt"
+    if not report.is_file():
+        return [f"Loop profile: none written ({report} missing)."]
+    blocks = report.read_text().strip().split("\n\n")
+    lines = [f"Loop profile of the torch run ({report.relative_to(run_dir.parent)}; `trace.json` beside it): "
+             f"{blocks[0]}", ""]
+    for i, block in enumerate(blocks[1:]):
+        title, *rows = block.splitlines()
+        lines += [title, "", "```", *(rows if i == 0 else rows[:top]), "```", ""]  # every phase; the top operators
+    return lines
 
 
 def run_table(runs: dict, batch: int, flops: float, peak: float) -> list[str]:
@@ -192,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", action="store_true",
                     help="also time the torch engine with train.compile=true (its first step compiles: ~2 min on an "
                          "H100; the runs here are too short for train.compile=auto to compile)")
+    ap.add_argument("--no-tests", action="store_true",
+                    help="skip the tests marked cuda (a lease that runs them in a call of their own)")
     args = ap.parse_args(argv)
     if not args.cpu and not torch.cuda.is_available():
         from gsdistill.device import cuda_unusable_reason
@@ -215,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     pages = 10 if args.cpu else 8 * batch * max(1, gpus)  # every worker of every rank: whole batches
     data = parts.run("data: synthetic pages, built and embedded", prepare_synthetic,
                      load_config("pretrain", experiment, [*overrides, f"data.synthetic_pages={pages}"]), out / "data")
-    if not args.cpu:
+    if not args.cpu and not args.no_tests:
         # only the files that hold cuda tests: collecting the others imports packages a GPU image may
         # lack (pymupdf, faiss, ...), and each such file was a collection error (24 in one lease)
         files = sorted(str(f.relative_to(REPO)) for f in (REPO / "tests").glob("test_*.py")
@@ -230,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 
     common = [*overrides, f"data.shards={data}"]
     python = [sys.executable, "-m"]
-    plan = {"torch bf16, 1 process": (python, ["train.engine=torch"])}
+    plan = {"torch bf16, 1 process": (python, ["train.engine=torch", f"train.profile_steps={PROFILE_STEPS}"])}
     if args.compile:
         plan["torch bf16 compiled, 1 process"] = (python, ["train.engine=torch", "train.compile=true"])
     for name in args.deepspeed_configs:
@@ -241,10 +285,17 @@ def main(argv: list[str] | None = None) -> int:
                                                  ["train.engine=torch"])
         plan["deepspeed bf16, 2 GPUs"] = ([str(BIN / "deepspeed"), "--num_gpus", "2", "--module"],
                                           ["train.engine=deepspeed"])
+    limits = cpu_limits()
     runs = {name: parts.run(f"run: {name}", launch, prefix, experiment,
                             [*common, *extra, f"train.device={device}", "train.precision=bf16"], out / f"run{i}",
                             out / f"run{i}.log")
             for i, (name, (prefix, extra)) in enumerate(plan.items())}
+    after = cpu_limits()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines += [f"CPU: {cores} cores for this process; cgroup quota "
+              + (("none" if limits["cpus"] is None else f"{limits['cpus']:g} CPUs")
+                 + f", throttled {after['throttled_ms'] - limits['throttled_ms']:.0f} ms during the runs"
+                 if limits and after else "not readable") + ".", ""]
 
     agree = [*common, f"optim.batch_size={AGREE_BATCH}", f"optim.steps={AGREE_STEPS}", "data.num_workers=0"]
     agreed = {f"{engine} bf16 on {device}": parts.run(f"agreement: {engine} bf16", launch, python, experiment,
@@ -260,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     flops = parts.run("FLOP count", flops_per_page, experiment, overrides)
     lines += [f"Model FLOPs per page and step (forward + backward, counted): {flops / 1e9:.2f} GFLOP; "
               f"bf16 peak {peak / 1e12:.1f} TFLOP/s ({peak_source}).", ""]
-    lines += [*run_table(runs, batch, flops, peak), ""]
+    lines += [*run_table(runs, batch, flops, peak), "", *loop_profile(out / "run0")]
     lines += [f"Agreement: {AGREE_STEPS} steps of {AGREE_BATCH} pages (the same batches, `data.num_workers=0`), "
               "bf16 against the torch engine in fp32 on the CPU:", "", *agreement_table(agreed, ref, AGREE_STEPS), ""]
     from gpu_profile import profile_row, profile_steps  # tools/ is on sys.path when this file runs

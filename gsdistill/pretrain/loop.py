@@ -46,6 +46,7 @@ from gsdistill.pretrain.prefetch import DeviceFeed
 from gsdistill.pretrain.distributed import any_rank
 from gsdistill.pretrain.metrics_log import LOSS_TERMS
 from gsdistill.pretrain.schedules import cosine_with_warmup, teacher_momentum
+from gsdistill.pretrain.step_profile import StepProfiler
 from gsdistill.run_log import RunLog, plot_training
 
 __all__ = ["LoopPlan", "NonFiniteBatch", "Trainer", "TrainingDiverged", "TrainingInterrupted", "pretrain_plan"]
@@ -78,6 +79,7 @@ class LoopPlan:
     name: str = "train"  # progress bar and message prefix
     check_every_step: bool = False  # keep the losses' value checks on after the first step (debugging)
     log_memory: bool = False  # a peak_mem_gb column (tools/gpu_check.py reads it)
+    profile_steps: int = 0  # torch.profiler over this many steps of the loop (gsdistill.pretrain.step_profile)
     lr_key: str = "optim.lr"  # the config keys named in a TrainingDiverged message
     warmup_key: str = "optim.warmup_steps"
 
@@ -92,7 +94,7 @@ def pretrain_plan(cfg) -> LoopPlan:
         log_every=int(t["log_every"]), ckpt_every=int(t["ckpt_every"]), keep_checkpoints=int(t["keep_checkpoints"]),
         tensorboard=bool(t["tensorboard"]), progress=bool(t["progress"]), plots=bool(t["plots"]),
         plot_terms=LOSS_TERMS, engine=str(t["engine"]), name="pretrain",
-        check_every_step=bool(t["debug_checks"]), log_memory=True)
+        check_every_step=bool(t["debug_checks"]), log_memory=True, profile_steps=int(t["profile_steps"]))
 
 
 def non_finite_pages(batch: dict) -> list[str]:
@@ -218,7 +220,8 @@ class Trainer:
         if self.world > 1:
             dist.all_reduce(packed)
             packed[:-2] /= self.world
-        *vals, bad, sig = packed.tolist()
+        with record_function("gsdistill.sync"):  # the wait for the device (step_profile's phases)
+            *vals, bad, sig = packed.tolist()
         self.host_syncs += 1
         return dict(zip(keys, vals[:len(keys)])), bad > 0, sig > 0, vals[len(keys):]
 
@@ -318,17 +321,21 @@ class Trainer:
         checks_before = validation.checks_enabled()
         bar = tqdm(total=end, initial=self.step, disable=not p.progress or self.rank != 0, desc=p.name,
                    dynamic_ncols=True)
+        profiler = StepProfiler(self.run_dir, p.profile_steps if self.rank == 0 else 0, self.device)
         try:
             while self.step < end:
                 values = self._one_step()
                 if log is not None and (self.step % p.log_every == 0 or self.step == end):
-                    log.log(self.step, values)
+                    with record_function("gsdistill.log"):
+                        log.log(self.step, values)
                 bar.update(1)
                 bar.set_postfix(loss=f"{values['total']:.3f}", gn=f"{values['grad_norm']:.2f}")
                 periodic = p.ckpt_every > 0 and self.step % p.ckpt_every == 0
                 if periodic or (self.step == end and (p.save_at_end or end < p.steps)):
                     self.save(values)
+                profiler.step()
         finally:
+            profiler.close()
             validation.set_checks(checks_before)
             bar.close()
             for sig, handler in old_handlers.items():
