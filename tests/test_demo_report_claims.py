@@ -91,6 +91,10 @@ def test_a_clearly_better_detector_is_claimed_higher(held_out):
         assert f"- {metric}, pretrained − {REFERENCE}: +" in text
     assert text.count("points: pretrained higher") == 4 and NO_DIFF not in text
     assert "reached 30.00 % mAP@50 on the held-out pages, at least the 10 %" in text and "too little" not in text
+    assert f"pretrained backbone vs {REFERENCE}, same budget:" in text
+    own = "\n".join(detect_section({**det, "reference_overrides": ["lr0=0.002"]}, out, 0.10))
+    assert (f"pretrained backbone vs {REFERENCE}, same optimizer steps, the reference with its own `lr0=0.002` "
+            "(`detect_reference_overrides`") in own
     swapped = _detection(out, data_yaml, {"pretrained": poor, "random backbone": good}, 0.30)
     text = "\n".join(detect_section(swapped, out, 0.10))
     assert text.count("points: random backbone higher") == 2 and "No stock reference was trained" in text

@@ -80,7 +80,7 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     paired = {"backbone": rows_bootstrap(rows, data_yaml, "random backbone", PRETRAINED, seed=int(cfg.seed))}
     if cfg.detect_reference:  # the reference column: fewer seeds, it only sets the scale
         reference = f"{cfg.detect_reference} (stock, all layers trained)"
-        rcfg = dcfg.copy()
+        rcfg = load_config("detect", "compare", [*cfg.detect, *cfg.detect_reference_overrides])
         rcfg.val_during_training = bool(cfg.detect_reference_curve)  # per-epoch held-out mAP: the learning curve only
         ref_rows = compare_backbones(data_yaml, {reference: str(cfg.detect_reference)},
                                      seeds=list(cfg.detect_reference_seeds), cfg=rcfg, out_dir=out / "detect" / "reference")
@@ -95,6 +95,7 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     pcfg.predict.conf = float(cfg.predict_conf)
     drawn = predict(Path(first["run_dir"]) / "weights" / "last.pt", pages_dir, out / "detect" / "predictions", pcfg)
     return {"rows": rows, "summary": summarize(rows), "paired": paired, "data_yaml": str(data_yaml), "labels": names,
+            "reference_overrides": [str(o) for o in cfg.detect_reference_overrides] if cfg.detect_reference else [],
             "predict_conf": float(cfg.predict_conf), "predictions": [str(p.with_suffix(".png")) for p in drawn]}
 
 

@@ -34,20 +34,24 @@ def detect_budgets(cfg, data_yaml: str | Path, backbone: Path, out: Path) -> lis
     if not todo:
         return None
     base = load_config("detect", "compare", [*cfg.detect])
+    base_ref = load_config("detect", "compare", [*cfg.detect, *cfg.detect_reference_overrides])
     full, seed = train_images(data_yaml), int(cfg.detect_seeds[0])
     reference = f"{cfg.detect_reference} (stock, all layers trained)" if cfg.detect_reference else None
     results = []
     for i, (label, fraction, epochs) in enumerate(todo):
         folder = out / "detect_budgets" / f"setting{i}"
-        dcfg = base.copy()
+        dcfg, rcfg = base.copy(), base_ref.copy()
         data = data_yaml
         if fraction < 1.0:
             data = subset_data(data_yaml, fraction, seed, folder / "data")
             dcfg.epochs = epochs_for_steps(int(base.epochs), full, train_images(data), int(base.batch))
         else:
             dcfg.epochs = int(epochs)
-        models = {PRETRAINED: str(backbone), RANDOM: None, **({reference: str(cfg.detect_reference)} if reference else {})}
-        rows = compare_backbones(data, models, seeds=[seed], cfg=dcfg, out_dir=folder)
+        rcfg.epochs = dcfg.epochs  # the reference's own overrides (detect_reference_overrides), at the same steps
+        rows = compare_backbones(data, {PRETRAINED: str(backbone), RANDOM: None}, seeds=[seed], cfg=dcfg, out_dir=folder)
+        if reference:
+            rows += compare_backbones(data, {reference: str(cfg.detect_reference)}, seeds=[seed], cfg=rcfg,
+                                      out_dir=folder / "reference")
         paired = {"backbone": rows_bootstrap(rows, data, RANDOM, PRETRAINED, seed=int(cfg.seed))}
         if reference:
             paired["reference"] = rows_bootstrap(rows, data, reference, PRETRAINED, seed=int(cfg.seed))

@@ -136,7 +136,10 @@ def detect_section(det: dict, out: Path, min_reference_map50: float) -> list[str
               f"bootstrap interval over their {b['n_docs']} documents ({b['n_boot']} resamples; COCO's mAP "
               "recomputed on each):", ""] + _map_claims(b) + [""]
     if ref:
-        lines += [f"The paper's headline, in the small: head-only on the pretrained backbone vs {ref}, same budget:", ""]
+        own = det.get("reference_overrides") or []
+        setting = (f"same optimizer steps, the reference with its own {', '.join(f'`{o}`' for o in own)} "
+                   "(`detect_reference_overrides`: the setting measured better for it)" if own else "same budget")
+        lines += [f"The paper's headline, in the small: head-only on the pretrained backbone vs {ref}, {setting}:", ""]
         lines += _map_claims(paired["reference"]) + [""]
     lines += reference_curve(det.get("rows", []), out)
     lines += [f"Held-out pages with the pretrained detector's boxes (confidence ≥ {det['predict_conf']}):", ""]
