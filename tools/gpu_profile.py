@@ -12,10 +12,9 @@ from torch.profiler import ProfilerActivity, profile
 
 
 def _self_time(event, cuda: bool) -> float:
-    """Self time on the device in µs (torch renamed ``cuda`` to ``device`` in these fields)."""
-    if not cuda:
-        return float(event.self_cpu_time_total)
-    return float(getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0))
+    """Self time in µs: on the device (the training loop's profiler's reading), else on the CPU."""
+    from gsdistill.pretrain.step_profile import self_device_us
+    return self_device_us(event) if cuda else float(event.self_cpu_time_total)
 
 
 def profile_steps(experiment: str | None, overrides: list[str], batch: int, device: torch.device,

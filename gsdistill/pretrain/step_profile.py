@@ -25,7 +25,8 @@ from torch.profiler import ProfilerActivity, profile, schedule
 SKIP = 2  # steps before the profiler warms up
 
 
-def _self_device_us(event) -> float:
+def self_device_us(event) -> float:
+    """An event's self time on the device in µs (torch renamed ``cuda`` to ``device`` in these fields)."""
     return float(getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0))
 
 
@@ -73,7 +74,7 @@ class StepProfiler:
         cpu_ms = sum(e.self_cpu_time_total for e in events) / recorded / 1e3
         lines = [f"{recorded} profiled steps (after {SKIP} skipped and 1 warm-up): wall {wall_ms:.1f} ms/step, "
                  f"operators' self CPU time {cpu_ms:.1f} ms/step"
-                 + (f", device time {sum(_self_device_us(e) for e in events) / recorded / 1e3:.1f} ms/step"
+                 + (f", device time {sum(self_device_us(e) for e in events) / recorded / 1e3:.1f} ms/step"
                     if self.cuda else ""), "",
                  "The loop's phases (CPU ms/step including what they call, calls/step, name; gsdistill.sync is the "
                  "wait for the device at the step's one read):",
@@ -83,7 +84,7 @@ class StepProfiler:
                  *ranked_table(events, lambda e: float(e.self_cpu_time_total), recorded, self.top)]
         if self.cuda:
             lines += ["", "By self device time (ms/step, calls/step, name):",
-                      *ranked_table(events, _self_device_us, recorded, self.top)]
+                      *ranked_table(events, self_device_us, recorded, self.top)]
         (self.out / "top_ops.txt").write_text("\n".join(lines) + "\n")
         self.written = True
 
