@@ -13,7 +13,7 @@ work, robust to other jobs on a shared machine) and as wall time, each new/old r
 bootstrap interval over the paired steps, and the FLOPs per page each tree counts with
 ``torch.utils.flop_counter`` on that batch.
 
-    python tools/bench_step.py [--old 7cef4c0] [--models pdfs,gpu_vit_s16] [--pages 2] [--steps 12]
+    python tools/bench_step.py [--old 7cef4c0] [--models pdfs,gpu_vit_s16] [--pages 2] [--steps 12] [--masks mean]
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gsdistill.config import load_config  # noqa: E402
-from gsdistill.views.masking import view_mask  # noqa: E402
+from gsdistill.pretrain.data_stream import ibot_masks  # noqa: E402
 
 # Each worker: build the model from its own tree, load the shared batch, answer "step" with one timed
 # forward+backward, "flops" with the counted FLOPs per page. Same code for both trees (their public
@@ -86,17 +86,14 @@ def overrides_of(name: str) -> list[str]:
     return [str(o) for o in OmegaConf.load(REPO / source)["pretrain"]]
 
 
-def shared_batch(cfg, pages: int, seed: int = 0) -> dict:
+def shared_batch(cfg, pages: int, seed: int = 0, mean_masks: bool = False) -> dict:
     """Random normalised crops, unit text embeddings and iBOT masks drawn as the views pipeline
-    draws them (``view_mask``: a view masked with ``mask_prob``, a block mask covering a share from
-    ``mask_ratio``). Only tensors and a list of ids: loadable with ``weights_only=True``."""
+    draws them (``ibot_masks``; ``mean_masks``: the average masking, whose FLOPs are a training
+    step's expected FLOPs). Only tensors and a list of ids: loadable with ``weights_only=True``."""
     v, text_dim, patch = cfg["views"], int(cfg["model"]["text_dim"]), 16
     g = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
     ng, nl, gs, ls = int(v["n_global"]), int(v["n_local"]), int(v["global_size"]), int(v["local_size"])
-    grid = (gs // patch, gs // patch)
-    masks = torch.stack([torch.from_numpy(view_mask(grid, float(v["mask_prob"]), tuple(v["mask_ratio"]), rng))
-                         for _ in range(ng * pages)])
+    masks = ibot_masks(v, ng * pages, (gs // patch, gs // patch), seed, mean=mean_masks)
     n_texts = int(v["max_spans"]) // 2
 
     def unit(*shape):
@@ -144,11 +141,12 @@ def paired_interval(old: list[float], new: list[float], reps: int = 2000, seed: 
     return float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
 
 
-def bench(name: str, old_tree: Path, pages: int, steps: int, threads: int, tmp: Path, precision: str = "fp32") -> dict:
+def bench(name: str, old_tree: Path, pages: int, steps: int, threads: int, tmp: Path, precision: str = "fp32",
+          mean_masks: bool = False) -> dict:
     experiment, _ = MODELS[name]
     cfg = load_config("pretrain", experiment, overrides_of(name))
     batch_file = tmp / f"{name}.pt"
-    torch.save(shared_batch(cfg, pages), batch_file)
+    torch.save(shared_batch(cfg, pages, mean_masks=mean_masks), batch_file)
     workers = {"old": Worker(old_tree, name, batch_file, threads, precision),
                "new": Worker(REPO, name, batch_file, threads, precision)}
     try:
@@ -184,6 +182,10 @@ def main() -> None:
     parser.add_argument("--precision", choices=("fp32", "recipe"), default="fp32",
                         help="fp32: every model in fp32; recipe: under its recipe's train.precision (bf16 autocast "
                              "for gpu_vit_s16, also on the CPU, where AMX / AVX512-BF16 run it)")
+    parser.add_argument("--masks", choices=("drawn", "mean"), default="drawn",
+                        help="drawn: iBOT masks drawn as the views pipeline draws them (seed 0); mean: the average "
+                             "masking (mask_prob of the views, each at the middle of mask_ratio), whose FLOPs are a "
+                             "training step's expected FLOPs")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     results = []
@@ -194,13 +196,13 @@ def main() -> None:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", args.old], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive, check=True)
         print(f"torch {torch.__version__}, {args.threads} threads, {args.pages} pages, {args.steps} paired steps, "
-              f"precision {args.precision}; "
+              f"precision {args.precision}, {args.masks} masks; "
               f"old = {args.old}, new = working tree")
         print("| model | old s/step (CPU) | new s/step (CPU) | new / old CPU time [95% CI] | new / old wall [95% CI] "
               "| old GFLOP/page | new GFLOP/page | new / old FLOPs |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for name in args.models.split(","):
-            r = bench(name, old_tree, args.pages, args.steps, args.threads, tmp, args.precision)
+            r = bench(name, old_tree, args.pages, args.steps, args.threads, tmp, args.precision, args.masks == "mean")
             results.append(r)
             print(f"| {name} | {r['old_cpu_s']:.3f} | {r['new_cpu_s']:.3f} | {r['cpu_ratio']:.2f}x "
                   f"[{r['cpu_ratio_ci'][0]:.2f}, {r['cpu_ratio_ci'][1]:.2f}] | {r['ratio']:.2f}x [{r['ratio_ci'][0]:.2f}, "

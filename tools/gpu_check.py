@@ -91,7 +91,9 @@ def bf16_peak(cpu: bool) -> tuple[float, str]:
 
 
 def flops_per_page(experiment: str | None, overrides: list[str]) -> float:
-    """Model FLOPs of one training step (forward + backward), per page, counted on 2 pages on the CPU."""
+    """Model FLOPs of one training step (forward + backward), per page, counted on 2 pages on the CPU
+    with the average iBOT masking (``tensor_batch(mean_masks=True)``: the expected FLOPs of a step;
+    a 2-page draw masks anywhere from 0 to all of its global views, each share of the peak with it)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from gsdistill.config import load_config
@@ -101,7 +103,7 @@ def flops_per_page(experiment: str | None, overrides: list[str]) -> float:
     cfg = load_config("pretrain", experiment, overrides)
     torch.manual_seed(0)
     model = GSDistill(cfg).train()
-    batch = tensor_batch(cfg, 2, patch_size=int(model.backbone.patch_embed.patch_size[0]))
+    batch = tensor_batch(cfg, 2, patch_size=int(model.backbone.patch_embed.patch_size[0]), mean_masks=True)
     with FlopCounterMode(display=False) as counter:
         model(batch)["total"].backward()
     return counter.get_total_flops() / 2
@@ -309,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
 
     peak, peak_source = bf16_peak(args.cpu)
     flops = parts.run("FLOP count", flops_per_page, experiment, overrides)
-    lines += [f"Model FLOPs per page and step (forward + backward, counted): {flops / 1e9:.2f} GFLOP; "
+    lines += [f"Model FLOPs per page and step (forward + backward, counted with the average iBOT masking): "
+              f"{flops / 1e9:.2f} GFLOP; "
               f"bf16 peak {peak / 1e12:.1f} TFLOP/s ({peak_source}).", ""]
     lines += [*run_table(runs, batch, flops, peak), "", *loop_profile(out / "run0")]
     lines += [f"Agreement: {AGREE_STEPS} steps of {AGREE_BATCH} pages (the same batches, `data.num_workers=0`), "

@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -18,6 +19,7 @@ from gsdistill.models.gsdistill_model import masked_patch_index
 from gsdistill.models.view_batch import masked_view_index
 from gsdistill.threads import default_threads, limit_worker_threads
 from gsdistill.tuples.errors import DataError
+from gsdistill.views.masking import view_mask
 
 
 def slice_batch(batch: dict, rank: int, world: int) -> dict:
@@ -214,16 +216,33 @@ class ShardBatches:
         return self
 
 
-def tensor_batch(cfg, n_pages: int, seed: int = 0, n_texts: int = 6, patch_size: int = 16) -> dict:
+def ibot_masks(views, n_views: int, grid: tuple[int, int], seed: int = 0, mean: bool = False) -> torch.Tensor:
+    """``bool[n_views, h*w]`` iBOT masks as the views pipeline draws them (``view_mask``: each view
+    masked with ``views.mask_prob``, a block mask over a share drawn from ``views.mask_ratio``).
+    ``mean=True``: the average batch instead of a draw -- exactly ``round(mask_prob * n_views)`` views
+    masked, each at the middle of ``mask_ratio``. A step's FLOPs are linear in the masked views and
+    their masked patches, so this batch counts the expected FLOPs of a training step (gpu_check's
+    share of the peak), where a 2-page draw masks anywhere from 0 to 4 of its views."""
+    rng = np.random.default_rng(seed)
+    prob, ratio = float(views["mask_prob"]), tuple(float(r) for r in views["mask_ratio"])
+    if not mean:
+        return torch.stack([torch.from_numpy(view_mask(grid, prob, ratio, rng)) for _ in range(n_views)])
+    masks = torch.zeros(n_views, grid[0] * grid[1], dtype=torch.bool)
+    share = (ratio[0] + ratio[1]) / 2
+    for i in range(int(round(prob * n_views))):
+        masks[i] = torch.from_numpy(view_mask(grid, 1.0, (share, share), rng))
+    return masks
+
+
+def tensor_batch(cfg, n_pages: int, seed: int = 0, n_texts: int = 6, patch_size: int = 16,
+                 mean_masks: bool = False) -> dict:
     """A ``collate_pretrain``-shaped batch of random tensors (benchmarks, engine tests): normalised
-    image noise, random unit text embeddings, padded span lists, iBOT masks on ``views.mask_prob``
-    of the global views."""
+    image noise, random unit text embeddings, padded span lists, iBOT masks drawn as the views
+    pipeline draws them (:func:`ibot_masks`; ``mean_masks``: the average masking)."""
     v, text_dim = cfg["views"], int(cfg["model"]["text_dim"])
     g = torch.Generator().manual_seed(seed)
     ng, nl, gs, ls = int(v["n_global"]), int(v["n_local"]), int(v["global_size"]), int(v["local_size"])
-    grid = (gs // patch_size) ** 2
-    masked_views = torch.rand(ng * n_pages, 1, generator=g) < float(v["mask_prob"])
-    masks = (torch.rand(ng * n_pages, grid, generator=g) < float(v["mask_ratio"][1])) & masked_views
+    masks = ibot_masks(v, ng * n_pages, (gs // patch_size, gs // patch_size), seed, mean=mean_masks)
 
     def unit(*shape):
         return torch.nn.functional.normalize(torch.randn(*shape, generator=g), dim=-1)
