@@ -84,6 +84,38 @@ def test_build_detector_loads_backbone_and_counts_params(backbone_dir):
     assert det.model.stride.tolist() == [8.0, 16.0, 32.0] and det.model.names[4] == "e"
 
 
+def test_pan_neck_feeds_the_head_from_its_own_layers(backbone_dir, tmp_path):
+    """adapter_neck=pan: YOLOv10's neck between the pyramid and v10Detect (layers 5-16), P3 / P4 / P5
+    out at c / 2c / 4c channels and strides 8 / 16 / 32; all of it trains, the ViT stays frozen; the
+    exported detector reloads and gives the same output."""
+    from ultralytics.nn.modules import C2f, C2fCIB, SCDown, v10Detect
+    plain = build_detector(backbone_dir, nc=5, cfg=_cfg(adapter_channels=16))
+    det = build_detector(backbone_dir, nc=5, cfg=_cfg(adapter_channels=16, adapter_neck="pan"))
+    layers = det.model.model
+    assert len(layers) == 18 and len(plain.model.model) == 6
+    assert isinstance(layers[-1], v10Detect) and layers[-1].f == [10, 13, 16]
+    assert [type(layers[i]) for i in (10, 13, 14, 16)] == [C2f, C2f, SCDown, C2fCIB]
+    assert det.model.stride.tolist() == [8.0, 16.0, 32.0]
+    x = torch.rand(1, 3, 128, 160)
+    feats, keep = {}, [10, 13, 16]
+    for i in keep:
+        layers[i].register_forward_hook(lambda m, a, out, i=i: feats.__setitem__(i, out))
+    det.model.eval()
+    with torch.no_grad():
+        det.model(x)
+    assert [tuple(feats[i].shape) for i in keep] == [(1, 16, 16, 20), (1, 32, 8, 10), (1, 64, 4, 5)]
+    (total, trainable), (_, plain_trainable) = param_counts(det.model, True), param_counts(plain.model, True)
+    assert trainable > plain_trainable
+    assert trainable == total - sum(p.numel() for p in load_backbone(backbone_dir).parameters()) - sum(
+        p.numel() for n, p in det.model.named_parameters() if ".dfl" in n)
+    with pytest.raises(ValueError, match="adapter_neck must be one of"):
+        build_detector(backbone_dir, nc=5, cfg=_cfg(adapter_neck="fpn"))
+    pt = export_detector(backbone_dir, ["a", "b"], _cfg(adapter_channels=16, adapter_neck="pan"), tmp_path / "d.pt")
+    from ultralytics import YOLO
+    again = YOLO(str(pt)).model.eval()
+    assert len(again.model) == 18 and again.model[-1].f == [10, 13, 16]
+
+
 def test_wrong_backbone_checkpoints_are_clear_errors(backbone_dir, tmp_path):
     bad = tmp_path / "bad"
     save_backbone(create_backbone(TINY), TINY, bad)

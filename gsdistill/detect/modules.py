@@ -8,6 +8,13 @@ Layer plan of the generated model YAML (see :func:`detector_yaml`)::
     2-4 Index                 pick P3 / P4 / P5 out of the list (parse_model needs one tensor per layer)
     5  v10Detect              YOLOv10's NMS-free head (one-to-many + one-to-one branches)
 
+With ``neck="pan"`` (``adapter_neck``) YOLOv10's own neck sits between the Index layers and
+v10Detect, as in Ultralytics' ``yolov10n.yaml`` head section: top-down (upsample, concat, C2f) then
+bottom-up (strided Conv / SCDown, concat, C2f / C2fCIB), P3 / P4 / P5 out at ``c``, ``2c`` and ``4c``
+channels (``c = adapter_channels``; 64 gives the n-scale widths 64 / 128 / 256, one repeat each).
+Paper 003 trains a 5.7M-parameter head on its frozen ViT; the pyramid + v10Detect alone hold 0.75M
+at ``c = 64``, and the neck is what a YOLOv10 "head" has on top of its backbone.
+
 The pyramid follows ViTDet (Li et al. 2022, "simple feature pyramid"): each level is built by a
 stride-2 transposed convolution (s8), identity (s16) or max-pool (s32), then a 1x1 and a 3x3
 convolution. What each level reads (``adapter_features``, :data:`FEATURES`):
@@ -184,18 +191,45 @@ def register_modules() -> None:
 register_modules()
 
 
+NECKS = ("none", "pan")
+
+
+def pan_neck(c: int) -> list[list]:
+    """YOLOv10's PAN neck over layers 2 / 3 / 4 (P3 / P4 / P5 at stride 8 / 16 / 32), as layers 5-16 of
+    the model; outputs at layers 10 (P3, ``c``), 13 (P4, ``2c``) and 16 (P5, ``4c``)."""
+    return [
+        [-1, 1, "nn.Upsample", [None, 2, "nearest"]],  # 5: P5 -> stride 16
+        [[-1, 3], 1, "Concat", [1]],
+        [-1, 1, "C2f", [2 * c]],                       # 7: top-down P4
+        [-1, 1, "nn.Upsample", [None, 2, "nearest"]],
+        [[-1, 2], 1, "Concat", [1]],
+        [-1, 1, "C2f", [c]],                           # 10: P3 out
+        [-1, 1, "Conv", [c, 3, 2]],
+        [[-1, 7], 1, "Concat", [1]],
+        [-1, 1, "C2f", [2 * c]],                       # 13: P4 out
+        [-1, 1, "SCDown", [2 * c, 3, 2]],
+        [[-1, 4], 1, "Concat", [1]],
+        [-1, 1, "C2fCIB", [4 * c, True, True]],        # 16: P5 out
+    ]
+
+
 def detector_yaml(model_name: str, kwargs: dict, embed_dim: int, patch_size: int, nc: int,
                   c_out: int = 128, frozen: bool = True, input_norm: bool = False,
-                  features: str = "last", depth: int | None = None) -> dict:
-    """The Ultralytics model dict: ViT -> simple feature pyramid -> Index x3 -> v10Detect(nc).
-    ``features`` (:data:`FEATURES`) needs the ViT's ``depth`` unless it is ``last``."""
+                  features: str = "last", depth: int | None = None, neck: str = "none") -> dict:
+    """The Ultralytics model dict: ViT -> simple feature pyramid -> Index x3 (-> YOLOv10's PAN neck
+    with ``neck="pan"``) -> v10Detect(nc). ``features`` (:data:`FEATURES`) needs the ViT's ``depth``
+    unless it is ``last``."""
     if features != "last" and depth is None:
         raise ValueError(f"detector_yaml: adapter_features={features!r} needs the ViT's depth")
+    if neck not in NECKS:
+        raise ValueError(f"adapter_neck must be one of {NECKS}, got {neck!r}")
     blocks = feature_blocks(features, int(depth)) if features != "last" else None
     vit_args = [model_name, dict(kwargs), bool(frozen)] + ([True, blocks] if blocks else [])
     pyramid_args = [int(embed_dim), int(c_out), int(patch_size), bool(input_norm)]
     if blocks:
         pyramid_args += [features, len(blocks)]
+    layers = pan_neck(int(c_out)) if neck == "pan" else []
+    outputs = [10, 13, 16] if neck == "pan" else [2, 3, 4]
     return {
         "nc": int(nc),
         "backbone": [
@@ -205,5 +239,5 @@ def detector_yaml(model_name: str, kwargs: dict, embed_dim: int, patch_size: int
             [1, 1, "Index", [int(c_out), 1]],
             [1, 1, "Index", [int(c_out), 2]],
         ],
-        "head": [[[2, 3, 4], 1, "v10Detect", ["nc"]]],
+        "head": [*layers, [outputs, 1, "v10Detect", ["nc"]]],
     }

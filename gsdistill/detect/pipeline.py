@@ -58,7 +58,7 @@ def build_detector(backbone_dir: Path | None, nc: int, cfg: DictConfig, names: l
     spec = detector_yaml(name, kwargs, embed_dim=vit.embed_dim, patch_size=vit.patch_embed.patch_size[0],
                          nc=nc, c_out=int(cfg.adapter_channels), frozen=bool(cfg.frozen),
                          input_norm=bool(cfg.adapter_input_norm), features=str(cfg.adapter_features),
-                         depth=len(vit.blocks))
+                         depth=len(vit.blocks), neck=str(cfg.adapter_neck))
     # provenance rides in the model YAML, which Ultralytics copies into every checkpoint it writes
     spec["gsdistill"] = {"backbone": str(Path(backbone_dir).resolve()) if backbone_dir else "random",
                          "config": to_dict(cfg) if isinstance(cfg, DictConfig) else dict(cfg)}
