@@ -51,8 +51,10 @@ def test_without_overrides_the_reference_trains_as_the_heads(monkeypatch, tmp_pa
 
 def test_long_benchmark_heads_and_reference_learning_rates():
     """The long benchmark's heads train at lr0 0.01 and its stock reference at 0.002: each at the rate
-    measured best for it on those pages (docs/learning.md, "The head's learning rate")."""
+    measured best for it on those pages (docs/learning.md, "The head's learning rate"); the heads with
+    YOLOv10's neck ("A neck for the head")."""
     cfg = load_config("demo", "pdfs_long", ["pdfs=/x"])
     heads = load_config("detect", "compare", [*cfg.detect])
     reference = load_config("detect", "compare", [*cfg.detect, *cfg.detect_reference_overrides])
     assert heads.lr0 == 0.01 and reference.lr0 == 0.002 and heads.epochs == reference.epochs == 16
+    assert heads.adapter_neck == "pan"

@@ -92,6 +92,13 @@ def test_a_clearly_better_detector_is_claimed_higher(held_out):
     assert text.count("points: pretrained higher") == 4 and NO_DIFF not in text
     assert "reached 30.00 % mAP@50 on the held-out pages, at least the 10 %" in text and "too little" not in text
     assert f"pretrained backbone vs {REFERENCE}, same budget:" in text
+    assert "same architecture, and a stock" in text  # no head named: the sentence reads without it
+    from gsdistill.config import load_config
+    from gsdistill.pipelines.demo import head_name
+    neck = head_name(load_config("detect", "compare", ["adapter_neck=pan"]))
+    named = "\n".join(detect_section({**det, "head": neck}, out, 0.10))
+    assert ("same architecture (trained: a simple feature pyramid of 64 channels + YOLOv10's neck + v10Detect), "
+            "and a stock") in named
     own = "\n".join(detect_section({**det, "reference_overrides": ["lr0=0.002"]}, out, 0.10))
     assert (f"pretrained backbone vs {REFERENCE}, same optimizer steps, the reference with its own `lr0=0.002` "
             "(`detect_reference_overrides`") in own

@@ -96,7 +96,14 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     drawn = predict(Path(first["run_dir"]) / "weights" / "last.pt", pages_dir, out / "detect" / "predictions", pcfg)
     return {"rows": rows, "summary": summarize(rows), "paired": paired, "data_yaml": str(data_yaml), "labels": names,
             "reference_overrides": [str(o) for o in cfg.detect_reference_overrides] if cfg.detect_reference else [],
+            "head": head_name(dcfg),
             "predict_conf": float(cfg.predict_conf), "predictions": [str(p.with_suffix(".png")) for p in drawn]}
+
+
+def head_name(dcfg) -> str:
+    """What the head-only detectors train on top of the frozen ViT, in the report's words."""
+    neck = "YOLOv10's neck + " if str(dcfg.adapter_neck) == "pan" else ""
+    return f"a simple feature pyramid of {int(dcfg.adapter_channels)} channels + {neck}v10Detect"
 
 
 def human_labels(cfg, det: dict, out: Path) -> dict | None:

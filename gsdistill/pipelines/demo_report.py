@@ -125,9 +125,10 @@ def detect_section(det: dict, out: Path, min_reference_map50: float) -> list[str
     summary = {s["backbone"]: s for s in det["summary"]}
     paired = det["paired"]
     ref = paired.get("reference", {}).get("a")
+    head = f" (trained: {det['head']})" if det.get("head") else ""
     lines = ["## 3. Layout detection on held-out pages (same head, same budget)", "",
              "Head-only YOLOv10 on the frozen pretrained backbone vs on a random backbone of the same "
-             "architecture, and a stock YOLOv10n with every layer trained, as a reference; trained on "
+             f"architecture{head}, and a stock YOLOv10n with every layer trained, as a reference; trained on "
              "pretraining pages, scored by pycocotools on held-out documents; mean ± sample std over seeds.", "",
              markdown_table(det["summary"]), "", reference_verdict(ref, summary[ref]["map50_mean"] if ref else None,
                                                                    min_reference_map50), ""]
