@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gsdistill.config import load_config  # noqa: E402
-from gsdistill.pretrain.data_stream import ibot_masks  # noqa: E402
+from gsdistill.pretrain.data_stream import tensor_batch  # noqa: E402
 
 # Each worker: build the model from its own tree, load the shared batch, answer "step" with one timed
 # forward+backward, "flops" with the counted FLOPs per page. Same code for both trees (their public
@@ -87,24 +87,11 @@ def overrides_of(name: str) -> list[str]:
 
 
 def shared_batch(cfg, pages: int, seed: int = 0, mean_masks: bool = False) -> dict:
-    """Random normalised crops, unit text embeddings and iBOT masks drawn as the views pipeline
-    draws them (``ibot_masks``; ``mean_masks``: the average masking, whose FLOPs are a training
-    step's expected FLOPs). Only tensors and a list of ids: loadable with ``weights_only=True``."""
-    v, text_dim, patch = cfg["views"], int(cfg["model"]["text_dim"]), 16
-    g = torch.Generator().manual_seed(seed)
-    ng, nl, gs, ls = int(v["n_global"]), int(v["n_local"]), int(v["global_size"]), int(v["local_size"])
-    masks = ibot_masks(v, ng * pages, (gs // patch, gs // patch), seed, mean=mean_masks)
-    n_texts = int(v["max_spans"]) // 2
-
-    def unit(*shape):
-        return torch.nn.functional.normalize(torch.randn(*shape, generator=g), dim=-1)
-
-    valid = torch.arange(n_texts)[None, :] < torch.randint(1, n_texts + 1, (pages, 1), generator=g)
-    return {"global_crops": torch.randn(ng * pages, 3, gs, gs, generator=g),
-            "local_crops": torch.randn(nl * pages, 3, ls, ls, generator=g), "masks": masks,
-            "sem_emb": unit(pages, n_texts, text_dim), "sem_valid": valid,
-            "geom_emb": unit(pages, n_texts, text_dim), "geom_valid": valid.clone(),
-            "ids": [f"page-{i}" for i in range(pages)]}
+    """``tensor_batch`` with the recipe's span count: random normalised crops, unit text embeddings and
+    iBOT masks drawn as the views pipeline draws them (``mean_masks``: the average masking, whose FLOPs
+    are a training step's expected FLOPs). Only tensors and a list of ids: loadable with
+    ``weights_only=True`` by both trees."""
+    return tensor_batch(cfg, pages, seed, n_texts=int(cfg["views"]["max_spans"]) // 2, mean_masks=mean_masks)
 
 
 class Worker:
