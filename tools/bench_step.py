@@ -14,6 +14,7 @@ bootstrap interval over the paired steps, and the FLOPs per page each tree count
 ``torch.utils.flop_counter`` on that batch.
 
     python tools/bench_step.py [--old 7cef4c0] [--models pdfs,gpu_vit_s16] [--pages 2] [--steps 12] [--masks mean]
+                               [--compile new]   # the new tree compiled (train.compile) before its timed steps
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gsdistill.config import load_config  # noqa: E402
-from gsdistill.pretrain.data_stream import tensor_batch  # noqa: E402
+from gsdistill.pretrain.data_stream import host_indices, tensor_batch  # noqa: E402
 
 # Each worker: build the model from its own tree, load the shared batch, answer "step" with one timed
 # forward+backward, "flops" with the counted FLOPs per page. Same code for both trees (their public
@@ -53,6 +54,14 @@ model = GSDistill(cfg).train()
 batch = torch.load(sys.argv[5], weights_only=True)
 # --precision recipe: the forward under the recipe's own train.precision (bf16 autocast on the CPU too)
 bf16 = sys.argv[6] == "recipe" and cfg["train"]["precision"] == "bf16"
+# --compile new: this worker compiles the whole forward as the engine does (train.compile), the row
+# counts of a new masking marked dynamic
+compiled = sys.argv[7] == "1"
+if compiled:
+    from torch._dynamo import maybe_mark_dynamic
+    model.compile(backend="inductor")
+    for key in ("mask_index", "masked_views"):
+        maybe_mark_dynamic(batch[key], 0)
 def step():
     model.zero_grad(set_to_none=True)
     t, c = time.perf_counter(), time.process_time()
@@ -60,14 +69,20 @@ def step():
         total = model(batch)["total"]
     total.backward()
     return time.perf_counter() - t, time.process_time() - c
-print(json.dumps({"ready": True}), flush=True)
+if compiled:  # the compile is the first step's; timed apart from the steps
+    t = time.perf_counter()
+    step()
+    compile_s = time.perf_counter() - t
+else:
+    compile_s = 0.0
+print(json.dumps({"ready": True, "compile_s": compile_s}), flush=True)
 for line in sys.stdin:
     if line.strip() == "step":
         wall, cpu = step()
         print(json.dumps({"s": wall, "cpu": cpu}), flush=True)
     elif line.strip() == "flops":
-        with FlopCounterMode(display=False) as counter:
-            model(batch)["total"].backward()
+        with FlopCounterMode(display=False) as counter:  # .forward: the eager code, compiled or not
+            model.forward(batch)["total"].backward()
         print(json.dumps({"flops": counter.get_total_flops() / len(batch["sem_emb"])}), flush=True)
 """
 
@@ -91,17 +106,19 @@ def shared_batch(cfg, pages: int, seed: int = 0, mean_masks: bool = False) -> di
     iBOT masks drawn as the views pipeline draws them (``mean_masks``: the average masking, whose FLOPs
     are a training step's expected FLOPs). Only tensors and a list of ids: loadable with
     ``weights_only=True`` by both trees."""
-    return tensor_batch(cfg, pages, seed, n_texts=int(cfg["views"]["max_spans"]) // 2, mean_masks=mean_masks)
+    batch = tensor_batch(cfg, pages, seed, n_texts=int(cfg["views"]["max_spans"]) // 2, mean_masks=mean_masks)
+    return {**batch, **host_indices(batch["masks"])}  # as the loop's to_device adds them (an old tree ignores them)
 
 
 class Worker:
-    def __init__(self, tree: Path, name: str, batch_file: Path, threads: int, precision: str = "fp32"):
+    def __init__(self, tree: Path, name: str, batch_file: Path, threads: int, precision: str = "fp32",
+                 compiled: bool = False):
         experiment, _ = MODELS[name]
         cmd = [sys.executable, "-c", WORKER, str(tree), experiment or "", json.dumps(overrides_of(name)),
-               str(threads), str(batch_file), precision]
+               str(threads), str(batch_file), precision, "1" if compiled else "0"]
         env = {**os.environ, "PYTHONPATH": str(tree)}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
-        self.read()
+        self.compile_s = self.read()["compile_s"]
 
     def read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -129,13 +146,13 @@ def paired_interval(old: list[float], new: list[float], reps: int = 2000, seed: 
 
 
 def bench(name: str, old_tree: Path, pages: int, steps: int, threads: int, tmp: Path, precision: str = "fp32",
-          mean_masks: bool = False) -> dict:
+          mean_masks: bool = False, compile_new: bool = False) -> dict:
     experiment, _ = MODELS[name]
     cfg = load_config("pretrain", experiment, overrides_of(name))
     batch_file = tmp / f"{name}.pt"
     torch.save(shared_batch(cfg, pages, mean_masks=mean_masks), batch_file)
     workers = {"old": Worker(old_tree, name, batch_file, threads, precision),
-               "new": Worker(REPO, name, batch_file, threads, precision)}
+               "new": Worker(REPO, name, batch_file, threads, precision, compiled=compile_new)}
     try:
         times = {"old": [], "new": []}
         cpu = {"old": [], "new": []}
@@ -154,7 +171,8 @@ def bench(name: str, old_tree: Path, pages: int, steps: int, threads: int, tmp: 
     return {"model": name, "old_s": med["old"], "new_s": med["new"], "ratio": med["new"] / med["old"],
             "ratio_ci": list(paired_interval(times["old"], times["new"])),
             "old_cpu_s": med_cpu["old"], "new_cpu_s": med_cpu["new"], "cpu_ratio": med_cpu["new"] / med_cpu["old"],
-            "cpu_ratio_ci": list(paired_interval(cpu["old"], cpu["new"])), "old_gflop_per_page": flops["old"] / 1e9, "new_gflop_per_page": flops["new"] / 1e9}
+            "cpu_ratio_ci": list(paired_interval(cpu["old"], cpu["new"])), "new_compile_s": workers["new"].compile_s,
+            "old_gflop_per_page": flops["old"] / 1e9, "new_gflop_per_page": flops["new"] / 1e9}
 
 
 def main() -> None:
@@ -173,6 +191,9 @@ def main() -> None:
                         help="drawn: iBOT masks drawn as the views pipeline draws them (seed 0); mean: the average "
                              "masking (mask_prob of the views, each at the middle of mask_ratio), whose FLOPs are a "
                              "training step's expected FLOPs")
+    parser.add_argument("--compile", choices=("none", "new"), default="none",
+                        help="new: the new tree's worker compiles its whole forward (train.compile, inductor) before "
+                             "the timed steps; the old tree stays eager, as it trained")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     results = []
@@ -183,13 +204,14 @@ def main() -> None:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", args.old], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive, check=True)
         print(f"torch {torch.__version__}, {args.threads} threads, {args.pages} pages, {args.steps} paired steps, "
-              f"precision {args.precision}, {args.masks} masks; "
+              f"precision {args.precision}, {args.masks} masks, new {'compiled' if args.compile == 'new' else 'eager'}; "
               f"old = {args.old}, new = working tree")
         print("| model | old s/step (CPU) | new s/step (CPU) | new / old CPU time [95% CI] | new / old wall [95% CI] "
               "| old GFLOP/page | new GFLOP/page | new / old FLOPs |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for name in args.models.split(","):
-            r = bench(name, old_tree, args.pages, args.steps, args.threads, tmp, args.precision, args.masks == "mean")
+            r = bench(name, old_tree, args.pages, args.steps, args.threads, tmp, args.precision, args.masks == "mean",
+                      args.compile == "new")
             results.append(r)
             print(f"| {name} | {r['old_cpu_s']:.3f} | {r['new_cpu_s']:.3f} | {r['cpu_ratio']:.2f}x "
                   f"[{r['cpu_ratio_ci'][0]:.2f}, {r['cpu_ratio_ci'][1]:.2f}] | {r['ratio']:.2f}x [{r['ratio_ci'][0]:.2f}, "

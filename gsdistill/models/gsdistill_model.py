@@ -216,9 +216,7 @@ class GSDistill(PageEmbeddings, nn.Module):
         A tensor op on the step buffer, so the schedule costs no host sync on a GPU."""
         if self.distill_warmup <= 0:
             return 1.0
-        # forward() increments steps_seen in place after this; without a detached copy a compiled step
-        # got other gradients than eager (tests/test_pretrain_compile.py, measured with torch 2.14)
-        return ((self.steps_seen + 1).float() / self.distill_warmup).clamp(max=1.0).detach().clone()
+        return ((self.steps_seen + 1).float() / self.distill_warmup).clamp(max=1.0)
 
     def _teacher_targets(self, logits: torch.Tensor, loss: nn.Module) -> torch.Tensor:
         # DINO head logits are cosines (normalised features x normalised prototypes): |t| <= 1
@@ -284,7 +282,9 @@ class GSDistill(PageEmbeddings, nn.Module):
         terms["total"] = sum(self.weights[k] * (ramp if k in ("distill", "ibot") else 1.0) * v
                              for k, v in terms.items())
         if self.training:
-            self.steps_seen += 1
+            # a new tensor, not an in-place add: a compiled step's backward recomputes the ramp from this
+            # buffer (inductor's partitioner), and read after an in-place add it was one step ahead
+            self.steps_seen = self.steps_seen + 1
             if self._host_steps is not None:
                 self._host_steps += 1
         return terms
@@ -296,8 +296,9 @@ class GSDistill(PageEmbeddings, nn.Module):
         the masked patches), one call each when iBOT has its own head."""
         dino, ibot = net.dino_head, getattr(net, self.ibot_head_name)
         if dino is ibot and pooled is not None and masked is not None:
-            logits = dino(torch.cat([pooled, masked]))
-            return logits[:pooled.shape[0]], logits[pooled.shape[0]:]
+            # split, not two slices: the slices' backward fills and adds two zero [rows, K] tensors
+            dino_logits, ibot_logits = dino(torch.cat([pooled, masked])).split([pooled.shape[0], masked.shape[0]])
+            return dino_logits, ibot_logits
         return (None if pooled is None else dino(pooled)), (None if masked is None else ibot(masked))
 
     def _self_distillation(self, glob, local, masks, batch_index, h_glob, patches, h_local, n_global, n_local) -> dict:

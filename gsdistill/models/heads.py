@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from gsdistill.losses.precision import fp32, no_autocast
 
@@ -50,6 +51,34 @@ class TextProjection(nn.Module):
         return self.proj(x)
 
 
+class _NormalizeRows(torch.autograd.Function):
+    """``w / max(||w||, eps)`` per row (``F.normalize(w, dim=-1)``) with a hand-written backward,
+    ``inv * (g - out <g, out>)`` (``inv * g`` for rows clamped at eps). Autograd through F.normalize
+    makes some ten [K, bottleneck] temporaries a step, each a fresh 67 MB allocation at K = 65,536
+    that the CPU pays for in page faults: 0.31 s of fwd + bwd on one core, 0.13 s this way."""
+
+    @staticmethod
+    def forward(ctx, w: torch.Tensor, eps: float) -> torch.Tensor:
+        norm = torch.linalg.vector_norm(w, dim=-1, keepdim=True)
+        inv = norm.clamp_min(eps).reciprocal()
+        out = w * inv
+        ctx.save_for_backward(out, inv, norm > eps)
+        return out
+
+    @staticmethod
+    @once_differentiable  # its own products are not on the graph: a second derivative raises
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        out, inv, active = ctx.saved_tensors
+        # <g, out> per row as a batched [1, D] x [D, 1] product: no [K, D] temporary
+        dot = torch.bmm(grad.unsqueeze(1), out.unsqueeze(2)).squeeze(2) * active
+        return torch.addcmul(grad, out, dot, value=-1).mul_(inv), None
+
+
+def normalize_rows(w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Rows of ``w [K, D]`` scaled to unit L2 norm (rows shorter than ``eps`` divided by ``eps``)."""
+    return _NormalizeRows.apply(w, eps)
+
+
 class DINOHead(nn.Module):
     """Self-distillation head: ``[N, in_dim] -> logits [N, out_dim]`` (prototype scores, before temperature)."""
 
@@ -77,4 +106,4 @@ class DINOHead(nn.Module):
         x = self.mlp(x)
         with no_autocast(x):
             x = F.normalize(fp32(x), dim=-1, eps=1e-6)
-            return F.linear(x, F.normalize(fp32(self.prototypes), dim=-1, eps=1e-6).to(x.dtype))
+            return F.linear(x, normalize_rows(fp32(self.prototypes)).to(x.dtype))

@@ -16,11 +16,13 @@ graph serves every masking. With ``objective.teacher_temp_warmup_steps > 0`` the
 splits it in pieces. The default, ``auto``, was chosen per device by measurement
 (:func:`compile_wanted`; docs/benchmarks.md, "GPU" and "Pretraining step"): on one H100 the compiled
 step of ``gpu_vit_s16`` took 0.52x (batch 64) and 0.60x (batch 128) of the eager one after 110-130 s
-of compiling; on the CPU the first step compiles for minutes and the compiled step is slower.
+of compiling; on the CPU (the real-page recipe, 16 pages, one thread) 0.85x after 135 s of compiling
+with a cold cache. Both earn the compile back after about 1,500 steps.
 """
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import torch
@@ -60,18 +62,24 @@ def build_adamw(groups: list[dict], optim_cfg, fused: bool = False) -> torch.opt
     return torch.optim.AdamW(groups, **kwargs)
 
 
-# runs shorter than this do not earn back the compile on a GPU: it took 110-130 s on an H100 and saves
-# 0.07-0.09 s a step at gpu_vit_s16 (docs/benchmarks.md, "GPU")
+# runs shorter than this do not earn back the compile: on an H100 it took 110-130 s and saves 0.07-0.09 s
+# a step at gpu_vit_s16 (docs/benchmarks.md, "GPU"); on the CPU 135 s (cold cache) and 0.09 s a step of
+# the real-page recipe at 16 pages on one thread, 0.85x of eager (docs/benchmarks.md, "The packed step")
 COMPILE_MIN_STEPS = 1500
+CXX_COMPILERS = ("g++", "c++", "clang++")  # inductor writes and builds C++ kernels for the CPU
 
 
 def compile_wanted(cfg, device: torch.device, world_size: int = 1) -> bool:
-    """``train.compile``: true / false as given; ``auto``: on for one CUDA device and a run of at
-    least :data:`COMPILE_MIN_STEPS` steps, off otherwise (the CPU, and several GPUs, where the
-    compiled step has not been measured)."""
+    """``train.compile``: true / false as given; ``auto``: on for one process (one CUDA device, or the
+    CPU where a C++ compiler is installed) and a run of at least :data:`COMPILE_MIN_STEPS` steps, off
+    otherwise (several processes, where the compiled step has not been measured)."""
     setting = cfg["train"].get("compile", "auto")
     if setting == "auto":
-        return device.type == "cuda" and world_size == 1 and int(cfg["optim"]["steps"]) >= COMPILE_MIN_STEPS
+        if world_size != 1 or int(cfg["optim"]["steps"]) < COMPILE_MIN_STEPS:
+            return False
+        if device.type == "cpu":
+            return any(shutil.which(c) for c in CXX_COMPILERS)
+        return device.type == "cuda"
     return bool(setting)
 
 
