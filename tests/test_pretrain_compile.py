@@ -20,10 +20,10 @@ RECIPE = ["objective.patch_spread=true", "model.ibot_separate_head=true", "model
           "objective.distill_warmup_steps=5"]
 
 
-def _batch(cfg, seed):
+def _batch(cfg, seed, dtype=torch.float64):
     batch = tensor_batch(cfg, 4, seed=seed)
     batch.update(host_indices(batch["masks"]))  # the data pipeline's host indices
-    return {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in batch.items()}
+    return {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in batch.items()}
 
 
 def test_compiled_step_is_one_graph_equal_to_eager():
@@ -66,6 +66,32 @@ def test_compiled_step_is_one_graph_equal_to_eager():
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
         if p.grad is not None:  # the ramp read one step ahead made whole heads' gradients 1.5-2x
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-12, msg=lambda m: f"{name}: {m}")
+
+
+def test_checked_first_step_runs_eager_and_the_step_compiles_once():
+    """The loop's first step checks every loss input on the host; compiled, those reads broke the graph
+    and the second step (checks off) compiled the whole forward again. The checked step now runs eager."""
+    torch._dynamo.reset()
+    cfg = tiny(*RECIPE)
+    torch.manual_seed(0)
+    model = GSDistill(cfg).train()
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    compile_step(model, backend=counting)
+    engine = TorchEngine.__new__(TorchEngine)
+    engine.module, engine.wrapped, engine.compiled, engine.autocast, engine.device = \
+        model, model, True, False, torch.device("cpu")
+    with checks(True):
+        engine.forward(_batch(cfg, 0, torch.float32))["total"].backward()
+    assert graphs == []  # checked: eager, nothing compiled
+    with checks(False):
+        for seed in (1, 2):
+            engine.forward(_batch(cfg, seed, torch.float32))["total"].backward()
+    assert len(graphs) == 1
 
 
 def test_compile_default_is_chosen_per_device(monkeypatch):

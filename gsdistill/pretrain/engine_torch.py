@@ -13,7 +13,8 @@ parameter names and checkpoints are unchanged; backward is compiled with it by A
 ViT's iBOT-masking and token hooks are installed once, so nothing breaks the graph; the iBOT row
 counts (``mask_index``, ``masked_views``) change every step and are marked dynamic, so one symbolic
 graph serves every masking. With ``objective.teacher_temp_warmup_steps > 0`` the host-side schedule
-splits it in pieces. The default, ``auto``, was chosen per device by measurement
+splits it in pieces. A step with the losses' value checks on (the loop's first) runs eager, so the
+run compiles once. The default, ``auto``, was chosen per device by measurement
 (:func:`compile_wanted`; docs/benchmarks.md, "GPU" and "Pretraining step"): on one H100 the compiled
 step of ``gpu_vit_s16`` took 0.52x (batch 64) and 0.60x (batch 128) of the eager one after 110-130 s
 of compiling; on the CPU (the real-page recipe, 16 pages, one thread) 0.85x after 135 s of compiling
@@ -31,6 +32,7 @@ from torch.profiler import record_function
 
 from gsdistill.errors import InputError
 from gsdistill.losses.precision import tf32_for_float32_islands
+from gsdistill.losses.validation import checks_enabled
 from gsdistill.pretrain import checkpoint
 
 
@@ -124,6 +126,11 @@ class TorchEngine:
                 if isinstance(batch.get(key), torch.Tensor):
                     maybe_mark_dynamic(batch[key], 0)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            if self.compiled and checks_enabled():
+                # the checked step (the first; every step with train.debug_checks) runs eager: its value
+                # checks read tensors on the host, which broke the graph, and the next step compiled anew
+                with torch.compiler.set_stance("force_eager"):
+                    return self.wrapped(batch)
             return self.wrapped(batch)
 
     @property
