@@ -57,10 +57,12 @@ bf16 = sys.argv[6] == "recipe" and cfg["train"]["precision"] == "bf16"
 # --compile new: this worker compiles the whole forward as the engine does (train.compile), the row
 # counts of a new masking marked dynamic
 compiled = sys.argv[7] == "1"
-if compiled:
+if compiled:  # only the new tree is compiled: its own engine's helpers
     from torch._dynamo import maybe_mark_dynamic
-    model.compile(backend="inductor")
-    for key in ("mask_index", "masked_views"):
+    from gsdistill.pretrain.data_stream import HOST_INDICES
+    from gsdistill.pretrain.engine_torch import compile_step
+    compile_step(model)
+    for key in HOST_INDICES:
         maybe_mark_dynamic(batch[key], 0)
 def step():
     model.zero_grad(set_to_none=True)

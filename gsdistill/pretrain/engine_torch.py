@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -34,6 +35,7 @@ from gsdistill.errors import InputError
 from gsdistill.losses.precision import tf32_for_float32_islands
 from gsdistill.losses.validation import checks_enabled
 from gsdistill.pretrain import checkpoint
+from gsdistill.pretrain.data_stream import HOST_INDICES
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -122,15 +124,13 @@ class TorchEngine:
         if self.compiled:  # a new masking changes these lengths: one symbolic graph, no recompile per step
             from torch._dynamo import maybe_mark_dynamic
 
-            for key in ("mask_index", "masked_views"):
+            for key in HOST_INDICES:
                 if isinstance(batch.get(key), torch.Tensor):
                     maybe_mark_dynamic(batch[key], 0)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            if self.compiled and checks_enabled():
-                # the checked step (the first; every step with train.debug_checks) runs eager: its value
-                # checks read tensors on the host, which broke the graph, and the next step compiled anew
-                with torch.compiler.set_stance("force_eager"):
-                    return self.wrapped(batch)
+        # the checked step (the first; every step with train.debug_checks) runs eager: its value checks
+        # read tensors on the host, which broke the graph, and the next step compiled anew
+        eager = torch.compiler.set_stance("force_eager") if self.compiled and checks_enabled() else nullcontext()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast), eager:
             return self.wrapped(batch)
 
     @property
