@@ -20,6 +20,15 @@ RECIPE = ["objective.patch_spread=true", "model.ibot_separate_head=true", "model
           "objective.distill_warmup_steps=5"]
 
 
+def _engine(model, compile_optional=False):
+    """A CPU TorchEngine around a model compiled with a test backend (only its forward is used)."""
+    engine = TorchEngine.__new__(TorchEngine)
+    engine.module, engine.wrapped, engine.compiled, engine.autocast, engine.device = \
+        model, model, True, False, torch.device("cpu")
+    engine.compile_optional, engine.compile_failed = compile_optional, False
+    return engine
+
+
 def _batch(cfg, seed, dtype=torch.float64):
     batch = tensor_batch(cfg, 4, seed=seed)
     batch.update(host_indices(batch["masks"]))  # the data pipeline's host indices
@@ -46,9 +55,7 @@ def test_compiled_step_is_one_graph_equal_to_eager():
             return torch._dynamo.lookup_backend("aot_eager_decomp_partition")(gm, example_inputs)
 
         compile_step(compiled, backend=counting)
-        engine = TorchEngine.__new__(TorchEngine)  # only its forward's dynamic marking
-        engine.module, engine.wrapped, engine.compiled, engine.autocast, engine.device = \
-            compiled, compiled, True, False, torch.device("cpu")
+        engine = _engine(compiled)  # only its forward's dynamic marking
         with checks(False):
             for seed in (0, 1, 2):  # three maskings, three row counts
                 batch = _batch(cfg, seed)
@@ -82,9 +89,7 @@ def test_checked_first_step_runs_eager_and_the_step_compiles_once():
         return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
 
     compile_step(model, backend=counting)
-    engine = TorchEngine.__new__(TorchEngine)
-    engine.module, engine.wrapped, engine.compiled, engine.autocast, engine.device = \
-        model, model, True, False, torch.device("cpu")
+    engine = _engine(model)
     with checks(True):
         engine.forward(_batch(cfg, 0, torch.float32))["total"].backward()
     assert graphs == []  # checked: eager, nothing compiled
@@ -92,6 +97,42 @@ def test_checked_first_step_runs_eager_and_the_step_compiles_once():
         for seed in (1, 2):
             engine.forward(_batch(cfg, seed, torch.float32))["total"].backward()
     assert len(graphs) == 1
+
+
+def test_a_failed_compile_under_auto_trains_on_eager(capsys):
+    """``auto`` on a machine whose toolchain cannot build the step (here a backend that fails as inductor
+    does without a working C++ compiler) reports it and trains eager from that step on, with the model's
+    state as if no compile had been tried; ``train.compile: true`` makes the same failure an error."""
+    import pytest
+
+    def broken(gm, example_inputs):
+        calls.append(gm)
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+    cfg = tiny(*RECIPE)
+    for optional in (True, False):
+        torch._dynamo.reset()
+        calls = []
+        torch.manual_seed(0)
+        model = GSDistill(cfg).train()
+        reference = GSDistill(cfg).train()
+        reference.load_state_dict(model.state_dict())
+        compile_step(model, backend=broken)
+        engine = _engine(model, compile_optional=optional)
+        if not optional:
+            with checks(False), pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="C\\+\\+ compiler"):
+                engine.forward(_batch(cfg, 1, torch.float32))
+            continue
+        with checks(False):
+            for seed in (1, 2):
+                torch.manual_seed(seed)
+                got = engine.forward(_batch(cfg, seed, torch.float32))
+                torch.manual_seed(seed)
+                want = reference(_batch(cfg, seed, torch.float32))
+                torch.testing.assert_close(got["total"], want["total"])
+        assert len(calls) == 1 and engine.compile_failed and not engine.compiled  # tried once, then eager
+        assert int(model.steps_seen) == int(reference.steps_seen) == 2
+        assert "train.compile=auto: compiling the step failed" in capsys.readouterr().err
 
 
 def test_compile_default_is_chosen_per_device(monkeypatch):

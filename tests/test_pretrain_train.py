@@ -119,6 +119,20 @@ def test_export_load_pretrained_and_cli(tmp_path):
                             pretrained_cfg_overlay={"file": str(tmp_path / "exported" / "backbone.safetensors")})
     torch.testing.assert_close(net.pos_embed, model.backbone.pos_embed)
     assert main(["export", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
+    # --weights teacher: the EMA teacher's backbone, which the update moved away from the student's
+    assert main(["export", str(run_dir), str(tmp_path / "teacher"), "--weights", "teacher"]) == 0
+    teacher = load_file(str(tmp_path / "teacher" / "backbone.safetensors"))
+    assert teacher.keys() == auto.keys()
+    assert all(torch.equal(teacher[k], state[f"teacher.backbone.{k}"]) for k in teacher)
+    assert any(not torch.equal(teacher[k], auto[k]) for k in auto)
+    assert read_backbone_meta(tmp_path / "teacher")["weights"] == "teacher"
+    from gsdistill.errors import InputError
+    from gsdistill.pretrain.run import export_backbone
+    student_only = {k: v for k, v in state.items() if not k.startswith("teacher.")}
+    with pytest.raises(InputError, match="no teacher backbone.*without an EMA teacher"):
+        export_backbone(student_only, cfg, tmp_path / "none", source="s", weights="teacher")
+    with pytest.raises(InputError, match="choose one of student, teacher"):
+        export_backbone(state, cfg, tmp_path / "none", weights="ema")
 
 
 def test_cli_rejects_unknown_keys_and_resume_with_other_world_size(tmp_path, capsys):

@@ -18,12 +18,15 @@ run compiles once. The default, ``auto``, was chosen per device by measurement
 (:func:`compile_wanted`; docs/benchmarks.md, "GPU" and "Pretraining step"): on one H100 the compiled
 step of ``gpu_vit_s16`` took 0.52x (batch 64) and 0.60x (batch 128) of the eager one after 110-130 s
 of compiling; on the CPU (the real-page recipe, 16 pages, one thread) 0.85x after 135 s of compiling
-with a cold cache. Both earn the compile back after about 1,500 steps.
+with a cold cache. Both earn the compile back after about 1,500 steps. Under ``auto`` a compile that
+fails (no working C++ compiler or Python headers on the CPU, no Triton on the GPU) is reported and the
+run goes on eager; ``true`` makes it an error.
 """
 from __future__ import annotations
 
 import math
 import shutil
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -111,6 +114,8 @@ class TorchEngine:
         if self.autocast:
             tf32_for_float32_islands(device)
         self.compiled = compile_wanted(cfg, device, world_size)
+        self.compile_optional = cfg["train"].get("compile", "auto") == "auto"  # a failed compile falls back
+        self.compile_failed = False
         if self.compiled:
             compile_step(model)
         if world_size > 1:
@@ -129,9 +134,25 @@ class TorchEngine:
                     maybe_mark_dynamic(batch[key], 0)
         # the checked step (the first; every step with train.debug_checks) runs eager: its value checks
         # read tensors on the host, which broke the graph, and the next step compiled anew
-        eager = torch.compiler.set_stance("force_eager") if self.compiled and checks_enabled() else nullcontext()
+        try:
+            return self._call(batch, force_eager=self.compile_failed or (self.compiled and checks_enabled()))
+        except torch._dynamo.exc.BackendCompilerFailed as e:  # raised before the graph ran: state intact
+            if not self.compile_optional:
+                raise
+            self._report_failed_compile(e)
+            return self._call(batch, force_eager=True)
+
+    def _call(self, batch: dict, force_eager: bool) -> dict[str, torch.Tensor]:
+        eager = torch.compiler.set_stance("force_eager") if force_eager else nullcontext()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast), eager:
             return self.wrapped(batch)
+
+    def _report_failed_compile(self, error: Exception) -> None:
+        reason = str(error).strip().splitlines()[0][:300]
+        print(f"[pretrain] train.compile=auto: compiling the step failed ({type(error).__name__}: {reason}); "
+              "training on eager (train.compile=false skips the attempt, true makes it an error)",
+              file=sys.stderr, flush=True)
+        self.compiled, self.compile_failed = False, True  # every later step runs eager (forward's stance)
 
     @property
     def guards_on_device(self) -> bool:

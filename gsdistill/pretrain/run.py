@@ -112,13 +112,26 @@ def embed_cached(cfg, shard_dir: Path) -> Path:
     return Path(shard_dir)
 
 
-def export_backbone(model_state: dict[str, torch.Tensor], cfg, out_dir: Path, source: str = "") -> Path:
-    """Write the student backbone of a GSDistill state dict in the ``save_backbone`` format."""
+EXPORT_WEIGHTS = {"student": "backbone.", "teacher": "teacher.backbone."}
+
+
+def export_backbone(model_state: dict[str, torch.Tensor], cfg, out_dir: Path, source: str = "",
+                    weights: str = "student") -> Path:
+    """Write the student's (or the EMA teacher's, ``weights="teacher"``, which DINOv2 evaluates) backbone
+    of a GSDistill state dict in the ``save_backbone`` format."""
+    if weights not in EXPORT_WEIGHTS:
+        raise InputError(f"weights={weights!r}: choose one of {', '.join(EXPORT_WEIGHTS)}")
+    prefix = EXPORT_WEIGHTS[weights]
+    state = {k[len(prefix):]: v for k, v in model_state.items() if k.startswith(prefix)}
+    if not state:
+        raise InputError(f"{source or 'model state'}: no {weights} backbone in it"
+                         + (" (the run trained without self-distillation, so without an EMA teacher)"
+                            if weights == "teacher" else ""))
     bcfg = dict(cfg["model"]["backbone"])
     backbone = create_backbone(bcfg)
-    state = {k[len("backbone."):]: v for k, v in model_state.items() if k.startswith("backbone.")}
     checkpoint.load_model_state(backbone, state, Path(source or "model state"))
-    return save_backbone(backbone, bcfg, out_dir, extra={"source": source, "trained_with": "gsdistill"})
+    return save_backbone(backbone, bcfg, out_dir,
+                         extra={"source": source, "trained_with": "gsdistill", "weights": weights})
 
 
 def _data_stream(cfg, rank: int, world: int, local_batch: int, patch_size: int, run_dir: Path,
