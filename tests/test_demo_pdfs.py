@@ -69,7 +69,7 @@ def test_long_benchmark_recipe_loads_and_its_script_names_a_missing_folder(tmp_p
     assert cfg.detect_reference_curve and cfg.detect_labels == "publaynet" and cfg.data.detect_train_pages is None
     assert "views.local_mode=random" in cfg.pretrain  # what its measured runs trained (docs/learning.md)
     # the patch-spread weight the long benchmark measured (docs/learning.md, "The patch-spread weight")
-    pcfg = load_config("pretrain", cfg.pretrain_experiment, list(cfg.pretrain))
+    pcfg = demo.pretrain_config(cfg, tmp_path)  # the pretraining config the demo's own stage resolves
     assert pcfg.objective.patch_spread and pcfg.objective.lambda_patch_spread == 4.0
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PDFS": str(tmp_path / "none")}
