@@ -27,3 +27,25 @@ def shared_data() -> Path:
         pytest.skip(f"real data sets not found at {path} (set GSDISTILL_SHARED_DATA); "
                     "they ship beside the repo in CI, not in a user's clone")
     return path
+
+
+@pytest.fixture
+def stream_views_kwargs(monkeypatch):
+    """``(shard_dir, cfg) -> kwargs``: what the pretraining stream (``ShardBatches``) passes to
+    ``MultiCropViews`` for ``cfg``, recorded by a subclass patched in for the test."""
+    import gsdistill.views.multicrop as multicrop
+    from gsdistill.pretrain.data_stream import ShardBatches
+    seen = {}
+
+    class Recording(multicrop.MultiCropViews):
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+            super().__init__(**kwargs)
+
+    monkeypatch.setattr(multicrop, "MultiCropViews", Recording)
+
+    def record(shard_dir, cfg) -> dict:
+        seen.clear()
+        ShardBatches(str(shard_dir), cfg, 0, 1, 2, 16)._epoch_iterator(0)
+        return dict(seen)
+    return record

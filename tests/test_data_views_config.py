@@ -5,7 +5,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-import gsdistill.views.multicrop as views_module
 from gsdistill.config import load_config
 from gsdistill.tuples.shards import write_shards
 from gsdistill.views.multicrop import MultiCropViews
@@ -18,20 +17,11 @@ def _page(i: int) -> dict:
             "spans": [{"text": "words", "bbox": [4, 4, 60, 30], "category": "Text"}]}
 
 
-def test_color_jitter_blur_and_hflip_come_from_the_config(tmp_path, monkeypatch):
-    from gsdistill.pretrain.data_stream import ShardBatches
+def test_color_jitter_blur_and_hflip_come_from_the_config(tmp_path, stream_views_kwargs):
     write_shards([_page(i) for i in range(4)], tmp_path, pages_per_shard=2, progress=False)
-    seen = {}
-
-    class Recording(MultiCropViews):
-        def __init__(self, **kwargs):
-            seen.update(kwargs)
-            super().__init__(**kwargs)
-
-    monkeypatch.setattr(views_module, "MultiCropViews", Recording)
     cfg = load_config("pretrain", None, ["views.hflip=true", "views.color_jitter=0.1", "views.blur_prob=0.3",
                                          "views.global_size=32", "views.local_size=16"])
-    ShardBatches(str(tmp_path), cfg, 0, 1, 2, 16)._epoch_iterator(0)
+    seen = stream_views_kwargs(tmp_path, cfg)
     assert (seen["hflip"], seen["color_jitter"], seen["blur_prob"]) == (True, 0.1, 0.3)
     defaults = load_config("pretrain").views
     assert (defaults.hflip, defaults.color_jitter, defaults.blur_prob) == (False, 0.4, 0.1)

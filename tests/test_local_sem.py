@@ -184,21 +184,11 @@ def test_local_sem_needs_span_views_and_a_semantic_head():
         model(batch)
 
 
-def test_the_shard_stream_builds_the_views_the_config_names(tmp_path, monkeypatch):
+def test_the_shard_stream_builds_the_views_the_config_names(tmp_path, stream_views_kwargs):
     """local_mode and local_span_px reach the pretraining stream's views (they once did not: runs asking for
     span-centred local views got random ones, and no local view could carry the spans it shows)."""
-    from gsdistill.pretrain.data_stream import ShardBatches
     from gsdistill.tuples.shards import write_shards
     write_shards([{**_page(f"d-p{i}"), "boxes": [{"category": "Text", "bbox": BOXES[0]}]} for i in range(2)],
                  tmp_path, pages_per_shard=2, progress=False)
-    seen = {}
-
-    class Recording(MultiCropViews):
-        def __init__(self, **kwargs):
-            seen.update(kwargs)
-            super().__init__(**kwargs)
-
-    monkeypatch.setattr(multicrop, "MultiCropViews", Recording)
-    cfg = load_config("pretrain", None, TINY + ["views.local_span_px=72"])
-    ShardBatches(str(tmp_path), cfg, 0, 1, 2, 16)._epoch_iterator(0)
+    seen = stream_views_kwargs(tmp_path, load_config("pretrain", None, TINY + ["views.local_span_px=72"]))
     assert (seen["local_mode"], seen["local_span_px"]) == ("spans", 72)

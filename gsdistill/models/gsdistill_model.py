@@ -1,9 +1,11 @@
 """The GSDistill meta-architecture (paper 003 §4): student, EMA teacher, heads, named loss terms.
 
 ``GSDistill(cfg)(batch)`` takes a ``collate_pretrain`` batch and returns a dict of named loss terms
-(``sem``/``geom``/``joint``, ``distill``, ``ibot``, ``koleo``, ``patch_spread``, ``local_sem``; only the enabled ones) and
-``total`` = the weighted sum ``l1 L_sem + l2 L_geom + l3 L_distill + l4 L_ibot + l5 L_KoLeo-H (+ l6 L_patch_spread
-+ l7 L_local_sem: span-centred local views against the spans they show, ``gsdistill.models.local_text``)``. The training
+(``sem``/``geom``/``joint``, ``distill``, ``ibot``, ``koleo``, ``patch_spread``, ``local_sem``, ``region_geom``; only the
+enabled ones) and ``total`` = the weighted sum ``l1 L_sem + l2 L_geom + l3 L_distill + l4 L_ibot + l5 L_KoLeo-H
+(+ l6 L_patch_spread + l7 L_local_sem: span-centred local views against the spans they show,
+``gsdistill.models.local_text``; + l8 L_region_geom: the tokens under each layout box against its descriptor,
+``gsdistill.models.region_text``)``. The training
 loop backpropagates ``total``, steps, calls :meth:`update_teacher`, logs and checkpoints.
 
 Views: the student sees the (iBOT-masked) global views and the local views; the teacher sees the
@@ -33,6 +35,7 @@ from gsdistill.models.backbone import create_backbone
 from gsdistill.models.heads import DINOHead
 from gsdistill.models.local_text import local_sem_term
 from gsdistill.models.page_embeddings import PageEmbeddings
+from gsdistill.models.region_text import region_geom_term
 from gsdistill.models.view_batch import masked_view_index, normalize_crops, whole_view_rows, with_unmasked_copies
 from gsdistill.models.vit_encoder import encode_views, install_view_hooks
 
@@ -98,10 +101,16 @@ class GSDistill(PageEmbeddings, nn.Module):
                            else spans and spans * (1 + (n == "joint")) for n in self.align}
         self.weights.update(distill=float(o["lambda_distill"]), ibot=float(o["lambda_ibot"]),
                             koleo=float(o["lambda_koleo"]), patch_spread=float(o["lambda_patch_spread"]),
-                            local_sem=float(o.get("lambda_local_sem", 1.0)))
+                            local_sem=float(o.get("lambda_local_sem", 1.0)),
+                            region_geom=float(o.get("lambda_region_geom", 1.0)))
+        self.region_geom = bool(o.get("region_geom", False))
+        if self.region_geom:  # its own projections: a box's tokens are not a page view
+            self.region_align = PageTextAlignment(dim, int(m["text_dim"]), int(m["proj_dim"]), int(m["head_hidden_dim"]),
+                                                  str(o["loss_geom"] or o["loss"]), float(m["init_temperature"]),
+                                                  bool(m["learnable_scale"]), float(m["max_logit_scale"]))
         # .get: configs saved before these keys existed (read without the defaults) build the model too
         views = cfg["views"] if "views" in cfg else {}
-        self.local_sem, self.local_text_width = bool(o.get("local_sem", False)), spans
+        self.local_sem, self.max_texts = bool(o.get("local_sem", False)), spans
         if self.local_sem and ("sem" not in self.align or views.get("local_mode") != "spans"):
             raise ValueError("objective.local_sem needs the semantic head (objective.heads semantic or dual) and "
                              "span-centred local views (views.local_mode=spans)")
@@ -229,7 +238,7 @@ class GSDistill(PageEmbeddings, nn.Module):
         n_pages = len(batch["ids"])
         n_global, n_local = glob.shape[0] // n_pages, local.shape[0] // n_pages
         masks = batch["masks"] if self.use_ibot else None
-        align_patches = max(self.pool_grid.values()) > 0 or self.use_patch_spread
+        align_patches = max(self.pool_grid.values()) > 0 or self.use_patch_spread or self.region_geom
         copies = None
         if masks is not None and self.align_views == "unmasked":
             # iBOT's masks hide up to half of a view's patches, and with them the boxes its descriptors
@@ -266,6 +275,10 @@ class GSDistill(PageEmbeddings, nn.Module):
         if self.use_patch_spread:  # the tokens of whole global views (masked ones carry the mask token)
             with record_function("gsdistill.patch_spread"):
                 terms["patch_spread"] = self.patch_spread_loss(p_align.flatten(0, 1))
+        if self.region_geom:
+            with record_function("gsdistill.region_geom"):
+                terms["region_geom"] = region_geom_term(self.region_align, p_align, batch, n_pages, self.max_texts,
+                                                        view_valid=visible)
         h_local = p_local = None
         if self.use_distill or self.local_sem:  # one student pass over the local views serves DINO and local_sem
             with record_function("gsdistill.student_local"):
@@ -274,7 +287,7 @@ class GSDistill(PageEmbeddings, nn.Module):
         if self.local_sem:
             with record_function("gsdistill.local_sem"):
                 terms["local_sem"] = local_sem_term(self, h_local, p_local, local.shape[-2:], batch, n_pages,
-                                                    n_local, self.local_text_width)
+                                                    n_local, self.max_texts)
         if self.use_distill or self.use_ibot:
             terms.update(self._self_distillation(glob, local, masks, batch.get("mask_index"), h_glob, patches,
                                                  h_local, n_global, n_local))

@@ -35,7 +35,7 @@ def slice_batch(batch: dict, rank: int, world: int) -> dict:
             continue
         if key == "ids":
             out[key] = value[lo:hi]
-        elif isinstance(value, torch.Tensor) and key in ("global_crops", "local_crops", "masks"):
+        elif isinstance(value, torch.Tensor) and key in ("global_crops", "local_crops", "masks", "region_pool"):
             views = value.shape[0] // n_pages
             out[key] = value.reshape(views, n_pages, *value.shape[1:])[:, lo:hi].reshape(views * per, *value.shape[1:])
         elif isinstance(value, torch.Tensor):
@@ -105,7 +105,8 @@ class _EpochBatches:
         cache = open_embeddings(self.shard_dir, fields=fields_for(str(self.cfg["objective"]["positives"])))
         # every views key, local_mode and local_span_px included (a hand-written list here once left them out:
         # runs asking for span-centred local views trained on random ones)
-        views = MultiCropViews.from_config(v, self.patch_size, seed=self.seed * 100003 + epoch * 1009 + self.rank)
+        views = MultiCropViews.from_config(v, self.patch_size, seed=self.seed * 100003 + epoch * 1009 + self.rank,
+                                           region_boxes=bool(self.cfg["objective"].get("region_geom", False)))
         dataset = ShardDataset(self.shard_dir, shuffle_buffer=int(d["shuffle_buffer"]), seed=self.seed,
                                rank=self.rank, world_size=self.world, transform=views, embeddings=cache)
         dataset.set_epoch(epoch)
@@ -249,9 +250,15 @@ def tensor_batch(cfg, n_pages: int, seed: int = 0, n_texts: int = 6, patch_size:
 
     sem_valid = torch.arange(n_texts)[None, :] < torch.randint(1, n_texts + 1, (n_pages, 1), generator=g)
     geom_valid = torch.arange(n_texts)[None, :] < torch.randint(1, n_texts + 1, (n_pages, 1), generator=g)
-    return {"global_crops": torch.randn(ng * n_pages, 3, gs, gs, generator=g),
-            "local_crops": torch.randn(nl * n_pages, 3, ls, ls, generator=g), "masks": masks,
-            "sem_emb": unit(n_pages, n_texts, text_dim), "sem_valid": sem_valid,
-            "geom_emb": unit(n_pages, n_texts, text_dim), "geom_valid": geom_valid,
-            "sp_sem_emb": unit(n_pages, text_dim), "sp_geom_emb": unit(n_pages, text_dim),
-            "sp_joint_emb": unit(n_pages, text_dim), "ids": [f"page-{seed}-{i}" for i in range(n_pages)]}
+    batch = {"global_crops": torch.randn(ng * n_pages, 3, gs, gs, generator=g),
+             "local_crops": torch.randn(nl * n_pages, 3, ls, ls, generator=g), "masks": masks,
+             "sem_emb": unit(n_pages, n_texts, text_dim), "sem_valid": sem_valid,
+             "geom_emb": unit(n_pages, n_texts, text_dim), "geom_valid": geom_valid,
+             "sp_sem_emb": unit(n_pages, text_dim), "sp_geom_emb": unit(n_pages, text_dim),
+             "sp_joint_emb": unit(n_pages, text_dim), "ids": [f"page-{seed}-{i}" for i in range(n_pages)]}
+    if cfg["objective"].get("region_geom", False):  # each valid box covers a random third of the cells
+        cells = (torch.rand(ng * n_pages, n_texts, (gs // patch_size) ** 2, generator=g) < 0.3).float()
+        cells[..., 0] = 1.0
+        cells = cells * geom_valid.repeat(ng, 1)[..., None]
+        batch["region_pool"] = cells / cells.sum(-1, keepdim=True).clamp_min(1.0)
+    return batch

@@ -10,7 +10,7 @@ __all__ = ["CSV_NAME", "LOSS_TERMS", "MetricsLog", "plot_metrics", "read_metrics
 
 MetricsLog = RunLog
 read_metrics = read_rows
-LOSS_TERMS = ("total", "sem", "geom", "joint", "distill", "ibot", "koleo", "patch_spread", "local_sem")
+LOSS_TERMS = ("total", "sem", "geom", "joint", "distill", "ibot", "koleo", "patch_spread", "local_sem", "region_geom")
 
 
 def plot_metrics(csv_path: Path, out_dir: Path, terms: tuple[str, ...] = LOSS_TERMS) -> list[Path]:

@@ -8,7 +8,10 @@ mirrored text is not text). The views of a page are a pure function of ``(seed, 
 resumed stream need not replay the augmentations of the pages it skips. With ``track_boxes`` the
 page's span and layout boxes go through the same albumentations transforms and
 ``views[i]["boxes"]`` are the boxes in that crop's pixels (clipped; boxes that fall outside are
-dropped with their labels); pretraining does not use them, so it is off by default.
+dropped with their labels); pretraining does not use them, so it is off by default. With
+``region_boxes`` (``objective.region_geom``) the layout boxes alone are tracked through the global
+crops and each sample carries ``region_pool``: per global view, which patch cells each box covers
+(``gsdistill.views.region_pool``); the pixels are the same as without it.
 Each student global view also gets an iBOT block mask over its patch grid.
 
 Local crops come in two kinds (``local_mode``). ``random``: DINO's, a random region of
@@ -25,7 +28,8 @@ Crops are ``uint8`` pixels (``gsdistill.views.pixels``): the model normalises th
 
 ``collate_pretrain`` stacks samples into the view-major batch the model consumes
 (:meth:`gsdistill.models.gsdistill_model.GSDistill.forward`): every page's view 0, then every
-page's view 1, ...; ``local_span_mask`` alone is page-major, ``bool[B, n_local, S]``.
+page's view 1, ...; ``local_span_mask`` alone is page-major, ``bool[B, n_local, S]``; ``region_pool``
+is view-major like the crops, ``float[n_global * B, S, P]`` over ``geom_emb``'s padded rows.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ import numpy as np
 import torch
 
 from gsdistill.views.masking import view_mask
+from gsdistill.views.region_pool import layout_only, region_pool_weights
 
 LOCAL_MODES = ("random", "spans")
 
@@ -151,7 +156,7 @@ class MultiCropViews:
                  global_scale=(0.32, 1.0), local_scale=(0.05, 0.32), patch_size: int = 16,
                  mask_prob: float = 0.5, mask_ratio=(0.1, 0.5), hflip: bool = False, color_jitter: float = 0.4,
                  blur_prob: float = 0.1, max_spans: int = 32, seed: int = 0, track_boxes: bool = False,
-                 local_mode: str = "random", local_span_px: int = 96):
+                 local_mode: str = "random", local_span_px: int = 96, region_boxes: bool = False):
         if global_size % patch_size:
             raise ValueError(f"global_size={global_size} is not a multiple of patch_size={patch_size}")
         if n_global < 1:
@@ -159,8 +164,9 @@ class MultiCropViews:
         self.n_global, self.n_local, self.max_spans = n_global, n_local, max_spans
         self.grid = (global_size // patch_size, global_size // patch_size)
         self.mask_prob, self.mask_ratio = float(mask_prob), tuple(mask_ratio)
-        self.track_boxes = bool(track_boxes)
-        self.global_tf = _pipeline(global_size, global_scale, hflip, color_jitter, blur_prob, self.track_boxes)
+        self.track_boxes, self.region_boxes, self.patch_size = bool(track_boxes), bool(region_boxes), int(patch_size)
+        self.global_tf = _pipeline(global_size, global_scale, hflip, color_jitter, blur_prob,
+                                   self.track_boxes or self.region_boxes)
         if local_mode not in LOCAL_MODES:
             raise ValueError(f"local_mode must be one of {LOCAL_MODES}, got {local_mode!r}")
         self.local_mode, self.local_size, self.local_span_px = local_mode, int(local_size), float(local_span_px)
@@ -169,14 +175,15 @@ class MultiCropViews:
         self.seed = int(seed)
 
     @classmethod
-    def from_config(cls, v, patch_size: int, seed: int) -> "MultiCropViews":
-        """The views of a pretraining config's ``views`` section (``configs/pretrain/default.yaml``)."""
+    def from_config(cls, v, patch_size: int, seed: int, region_boxes: bool = False) -> "MultiCropViews":
+        """The views of a pretraining config's ``views`` section (``configs/pretrain/default.yaml``);
+        ``region_boxes``: what ``objective.region_geom`` reads."""
         return cls(global_size=int(v["global_size"]), local_size=int(v["local_size"]), n_global=int(v["n_global"]),
                    n_local=int(v["n_local"]), global_scale=tuple(v["global_scale"]),
                    local_scale=tuple(v["local_scale"]), patch_size=patch_size, mask_prob=float(v["mask_prob"]),
                    mask_ratio=tuple(v["mask_ratio"]), max_spans=int(v["max_spans"]), hflip=bool(v["hflip"]),
                    color_jitter=float(v["color_jitter"]), blur_prob=float(v["blur_prob"]), seed=seed,
-                   local_mode=str(v["local_mode"]), local_span_px=int(v["local_span_px"]))
+                   local_mode=str(v["local_mode"]), local_span_px=int(v["local_span_px"]), region_boxes=region_boxes)
 
     def _span_view(self, rng: np.random.Generator, page: dict, image: np.ndarray, boxes) -> tuple:
         """(crop, its boxes or None, (window, index of the span it was drawn around))."""
@@ -202,8 +209,9 @@ class MultiCropViews:
     def __call__(self, page: dict) -> dict:
         image = np.asarray(page["image"].convert("RGB"))
         boxes = page_boxes(page) if self.track_boxes else None
+        global_boxes = page_boxes(layout_only(page)) if self.region_boxes and boxes is None else boxes
         rng = np.random.default_rng([self.seed, zlib.crc32(str(page["id"]).encode("utf-8"))])
-        g = [self._view(self.global_tf, rng, image, boxes) for _ in range(self.n_global)]
+        g = [self._view(self.global_tf, rng, image, global_boxes) for _ in range(self.n_global)]
         windows = None
         if self.local_mode == "spans":
             loc = [self._span_view(rng, page, image, boxes) for _ in range(self.n_local)]
@@ -218,6 +226,10 @@ class MultiCropViews:
         for key in ("sem_emb", "geom_emb"):
             if key in page:
                 sample[key] = np.asarray(page[key], dtype=np.float32)[: self.max_spans]
+        if self.region_boxes:  # over geom_emb's rows: one descriptor per box, in the page's box order
+            n = len(sample["geom_emb"]) if "geom_emb" in sample else min(len(page.get("boxes", [])), self.max_spans)
+            sample["region_pool"] = [region_pool_weights(b["bboxes"], b["labels"], self.grid, self.patch_size, n)
+                                     for _, b in g]
         if windows is not None:  # the spans each local view shows (objective.local_sem), over sem_emb's rows
             n = len(sample["sem_emb"]) if "sem_emb" in sample else min(len(page.get("spans", [])), self.max_spans)
             sample["local_span_mask"] = [spans_in_window(page, w, n, chosen) for w, chosen in windows]
@@ -269,5 +281,13 @@ def collate_pretrain(samples: list[dict]) -> dict:
             for v, m in enumerate(s["local_span_mask"]):
                 shown[i, v, :len(m)] = torch.from_numpy(m)
         batch["local_span_mask"] = shown
+    if all("region_pool" in s for s in samples):
+        width, cells = batch["geom_emb"].shape[1], samples[0]["region_pool"][0].shape[1]
+        pool = torch.zeros(n_g * len(samples), width, cells)
+        for v in range(n_g):
+            for i, s in enumerate(samples):
+                rows = s["region_pool"][v]
+                pool[v * len(samples) + i, :len(rows)] = torch.from_numpy(rows)
+        batch["region_pool"] = pool
     batch["ids"] = [s["id"] for s in samples]
     return batch
