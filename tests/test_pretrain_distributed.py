@@ -67,7 +67,7 @@ def _reference(tmp_path, overrides=()) -> dict:
 def _assert_same(run: dict, ref: dict, rtol: float) -> None:
     assert sorted(run["rows"]) == sorted(ref["rows"]) == [1, 2, 3, 4]
     for step, row in ref["rows"].items():
-        for term in TERMS:
+        for term in TERMS + (("region_geom",) if "region_geom" in row else ()):
             assert run["rows"][step][term] == pytest.approx(row[term], rel=rtol, abs=1e-5), (step, term)
     for key, value in ref["backbone"].items():
         # Adam divides by sqrt(v): on a weight whose gradient is ~0, the rounding of two processes'
@@ -79,7 +79,8 @@ def _assert_same(run: dict, ref: dict, rtol: float) -> None:
 @pytest.mark.distributed
 @pytest.mark.parametrize("extra", [["views.mask_prob=1.0"], ["views.mask_prob=0.5"],  # 0.5: masks fall unevenly
                                    ["objective.symmetric=true", "objective.geom_target=mean",  # the demo's heads
-                                    "model.geom_pool_grid=2", "model.sem_pool_grid=2"]])
+                                    "model.geom_pool_grid=2", "model.sem_pool_grid=2"],
+                                   ["objective.region_geom=true"]])  # boxes' tokens against the gathered descriptors
 def test_two_torch_processes_equal_one_process(tmp_path, extra):
     ref = _reference(tmp_path, extra)
     _assert_same(_spawn(2, extra, tmp_path / "ddp2"), ref, rtol=1e-4)
