@@ -60,7 +60,7 @@ def _detection(out, data_yaml, sets: dict[str, list[list[dict]]], ref_map50: flo
     summary = [{"backbone": n, "n": len(p), "map50_mean": ref_map50 if n == REFERENCE else 0.5, "map50_std": None,
                 "map50_95_mean": 0.2, "map50_95_std": None, "optimizer_steps": 10, "trainable_params": 1e6,
                 "wall_s_mean": 1.0, "cpu_s_mean": 1.0} for n, p in sets.items()]
-    paired = {"backbone": rows_bootstrap(rows, data_yaml, "random backbone", "pretrained", n_boot=200)}
+    paired = {"backbone": rows_bootstrap(rows, data_yaml, "random backbone", "pretrained", n_boot=200, per_class=True)}
     if REFERENCE in sets:
         paired["reference"] = rows_bootstrap(rows, data_yaml, REFERENCE, "pretrained", n_boot=200)
     return {"summary": summary, "paired": paired, "predict_conf": 0.25, "predictions": []}
@@ -74,6 +74,11 @@ def test_equal_detection_results_claim_no_difference(held_out):
     assert f"- mAP@50, pretrained − random backbone: +0.00 [+0.00, +0.00] points: {NO_DIFF}" in text
     assert f"- mAP@[50:95], pretrained − random backbone: +0.00 [+0.00, +0.00] points: {NO_DIFF}" in text
     assert " higher" not in text
+    # a class with no held-out boxes has no AP (NaN): said so, not printed as a number
+    absent = {**det["paired"]["backbone"], "per_class": {"figure": {"a": [float("nan")], "b": [float("nan")],
+                                                                    "diff": float("nan"), "ci95": [float("nan")] * 2}}}
+    text = "\n".join(detect_section({**det, "paired": {**det["paired"], "backbone": absent}}, out, 0.10))
+    assert "- figure: no held-out boxes of this class" in text and "nan" not in text
     # the documents are the converter's: pages of one document are resampled together
     assert det["paired"]["backbone"]["n_docs"] == len(set(sidecar["doc_ids"].values())) < len(sidecar["doc_ids"])
     assert ("reached 5.00 % mAP@50 on the held-out pages, below the 10 % this report requires "
@@ -89,7 +94,11 @@ def test_a_clearly_better_detector_is_claimed_higher(held_out):
     for metric in ("mAP@50", "mAP@[50:95]"):
         assert f"- {metric}, pretrained − random backbone: +" in text
         assert f"- {metric}, pretrained − {REFERENCE}: +" in text
-    assert text.count("points: pretrained higher") == 4 and NO_DIFF not in text
+    classes = list(det["paired"]["backbone"]["per_class"])
+    assert len(classes) >= 3 and "AP@50 of each class" in text
+    for name in classes:  # one claim per class, from the same bootstrap
+        assert f"- {name}: pretrained − random backbone: +" in text
+    assert text.count("points: pretrained higher") == 4 + len(classes) and NO_DIFF not in text
     assert "reached 30.00 % mAP@50 on the held-out pages, at least the 10 %" in text and "too little" not in text
     assert f"pretrained backbone vs {REFERENCE}, same budget:" in text
     assert "same architecture, and a stock" in text  # no head named: the sentence reads without it
@@ -104,7 +113,7 @@ def test_a_clearly_better_detector_is_claimed_higher(held_out):
             "(`detect_reference_overrides`") in own
     swapped = _detection(out, data_yaml, {"pretrained": poor, "random backbone": good}, 0.30)
     text = "\n".join(detect_section(swapped, out, 0.10))
-    assert text.count("points: random backbone higher") == 2 and "No stock reference was trained" in text
+    assert text.count("points: random backbone higher") == 2 + len(classes) and "No stock reference was trained" in text
 
 
 def _retrieval(hits: dict[str, list[float]], sem5_ci: tuple[float, float]) -> dict:

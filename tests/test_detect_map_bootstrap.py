@@ -206,3 +206,23 @@ def test_converter_records_each_images_document_and_no_stale_stems(tmp_path):
     pages_to_yolo(pages[:4], tmp_path / "d", val_fraction=0.5, seed=0)  # the same folder, fewer pages
     side = json.loads((tmp_path / "d/coco_eval.json").read_text())
     assert set(side["train"]["image_ids"]) | set(side["val"]["image_ids"]) == {p["id"] for p in pages[:4]}
+
+
+def test_per_class_bootstrap_matches_pycocotools_and_averages_to_the_map_difference(tmp_path):
+    sidecar, stem_of = _small_split(tmp_path)
+    worse = [_ultralytics(sidecar["coco_json"], stem_of, s, 0.3) for s in (0, 1)]
+    better = [_ultralytics(sidecar["coco_json"], stem_of, s, 0.0) for s in (2, 3, 4)]
+    res = paired_map_bootstrap(worse, better, sidecar, n_boot=300, seed=1, per_class=True)
+    assert list(res["per_class"]) == ["c1", "c2", "c3"]  # the COCO categories' names, in id order
+    for preds, side in ((worse, "a"), (better, "b")):
+        reference = [coco_eval(p, sidecar, ["c1", "c2", "c3"])["per_class"] for p in preds]
+        for name, d in res["per_class"].items():
+            assert d[side] == pytest.approx([r[name]["AP50"] for r in reference], abs=1e-9)
+    # every class is in every image set, so mAP@50 is the plain mean of the classes' AP@50
+    diffs = [d["diff"] for d in res["per_class"].values()]
+    assert np.mean(diffs) == pytest.approx(res["map50"]["diff"], abs=1e-12)
+    for d in res["per_class"].values():
+        lo, hi = d["ci95"]
+        assert 0 < lo <= d["diff"] <= hi  # clearly better boxes: better in each class too
+    plain = paired_map_bootstrap(worse, better, sidecar, n_boot=300, seed=1)
+    assert "per_class" not in plain and plain["map50"] == res["map50"] and plain["map50_95"] == res["map50_95"]

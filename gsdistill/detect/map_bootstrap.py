@@ -125,19 +125,24 @@ def _class_ap(table: ClassTable, w: np.ndarray, rec_thrs: np.ndarray) -> np.ndar
     return ap
 
 
+def class_aps(tables: list[ClassTable], rec_thrs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """AP [B, K, T] of each class at each IoU threshold for the image multisets ``weights`` [B, I]
+    (COCOeval's ``precision`` averaged over recall); NaN where a sample holds none of the class."""
+    weights = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+    return np.concatenate([np.stack([_class_ap(t, weights[s:s + CHUNK], rec_thrs) for t in tables], axis=1)
+                           for s in range(0, len(weights), CHUNK)])
+
+
 def coco_map(tables: list[ClassTable], rec_thrs: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(mAP@50 [B], mAP@[50:95] [B]) of the image multisets ``weights`` [B, I] (counts per image),
     as COCOeval's ``stats[1]`` and ``stats[0]``: mean AP over classes with ground truth (NaN if none)."""
-    weights = np.atleast_2d(np.asarray(weights, dtype=np.float64))
-    out50, out95 = [], []
-    for start in range(0, len(weights), CHUNK):
-        w = weights[start:start + CHUNK]
-        ap = np.stack([_class_ap(t, w, rec_thrs) for t in tables], axis=1)  # [B, K, T]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a sample without any ground truth: NaN (COCO's -1)
-            out50.append(np.nanmean(ap[:, :, 0], axis=1))
-            out95.append(np.nanmean(ap.mean(axis=2), axis=1))
-    return np.concatenate(out50), np.concatenate(out95)
+    return _class_means(class_aps(tables, rec_thrs, weights))
+
+
+def _class_means(ap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a sample without any ground truth: NaN (COCO's -1)
+        return np.nanmean(ap[:, :, 0], axis=1), np.nanmean(ap.mean(axis=2), axis=1)
 
 
 def ultralytics_to_coco(predictions: list[dict], sidecar: dict) -> list[dict]:
@@ -153,8 +158,18 @@ def ultralytics_to_coco(predictions: list[dict], sidecar: dict) -> list[dict]:
     return dets
 
 
+def _paired(a: np.ndarray, b: np.ndarray) -> dict:
+    """Seed values ``[seeds, 1 + n_boot]`` of A and B (column 0: the full set) -> diff of the seed means and its 95 % CI."""
+    diff = b.mean(axis=0) - a.mean(axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a class absent from every resample: NaN
+        lo, hi = np.nanpercentile(diff[1:], [2.5, 97.5])
+    return {"a": a[:, 0].tolist(), "b": b[:, 0].tolist(), "diff": float(diff[0]), "ci95": [float(lo), float(hi)]}
+
+
 def paired_map_bootstrap(preds_a: list[list[dict]], preds_b: list[list[dict]], sidecar: dict,
-                         doc_of: dict[str, str] | None = None, n_boot: int = 1000, seed: int = 0) -> dict:
+                         doc_of: dict[str, str] | None = None, n_boot: int = 1000, seed: int = 0,
+                         per_class: bool = False) -> dict:
     """Seed-mean mAP of B minus A on the same held-out images, with a bootstrap over documents.
 
     Args:
@@ -162,6 +177,8 @@ def paired_map_bootstrap(preds_a: list[list[dict]], preds_b: list[list[dict]], s
         sidecar: ``{"coco_json", "image_ids": {stem: id}, "category_ids": [json id per class]}`` of the split.
         doc_of: image stem -> document (default: the sidecar's ``doc_ids``, else each image its own).
         n_boot, seed: resamples of the documents (with replacement, as many as there are) and their RNG seed.
+        per_class: also ``"per_class": {class name: {...}}``, each class's AP@50 compared the same way
+            (a class can decide an mAP difference alone: a rare one is as heavy as a common one).
 
     Returns:
         ``{"n_images", "n_docs", "n_boot", "seconds", "map50": {...}, "map50_95": {...}}`` where each
@@ -183,21 +200,24 @@ def paired_map_bootstrap(preds_a: list[list[dict]], preds_b: list[list[dict]], s
                          minlength=n_boot * len(docs)).reshape(n_boot, len(docs))
     weights = np.vstack([np.ones(len(stems)), counts[:, doc_index]])  # row 0: every image once
 
-    def seed_maps(pred_sets):  # [seeds, 1 + n_boot] per metric
-        out = [coco_map(*match_table(gt, ultralytics_to_coco(p, sidecar), img_ids, cat_ids), weights) for p in pred_sets]
-        return np.array([m50 for m50, _ in out]), np.array([m95 for _, m95 in out])
+    def seed_aps(pred_sets):  # [seeds, 1 + n_boot, K, T]
+        return np.array([class_aps(*match_table(gt, ultralytics_to_coco(p, sidecar), img_ids, cat_ids), weights)
+                         for p in pred_sets])
 
+    ap_a, ap_b = seed_aps(preds_a), seed_aps(preds_b)
     result = {"n_images": len(stems), "n_docs": len(docs), "n_boot": n_boot}
-    for key, a, b in zip(("map50", "map50_95"), seed_maps(preds_a), seed_maps(preds_b)):
-        diff = b.mean(axis=0) - a.mean(axis=0)
-        lo, hi = np.nanpercentile(diff[1:], [2.5, 97.5])
-        result[key] = {"a": a[:, 0].tolist(), "b": b[:, 0].tolist(), "diff": float(diff[0]), "ci95": [float(lo), float(hi)]}
+    means_a, means_b = zip(*map(_class_means, ap_a)), zip(*map(_class_means, ap_b))
+    for key, a, b in zip(("map50", "map50_95"), means_a, means_b):
+        result[key] = _paired(np.array(a), np.array(b))
+    if per_class:
+        names = [c["name"] for c in gt.loadCats(cat_ids)]
+        result["per_class"] = {n: _paired(ap_a[:, :, k, 0], ap_b[:, :, k, 0]) for k, n in enumerate(names)}
     result["seconds"] = round(time.time() - t0, 2)
     return result
 
 
 def rows_bootstrap(rows: list[dict], data_yaml: str | Path, a: str, b: str, n_boot: int = 1000, seed: int = 0,
-                   split: str = "val") -> dict:
+                   split: str = "val", per_class: bool = False) -> dict:
     """:func:`paired_map_bootstrap` of two backbones of ``compare_backbones`` rows (their ``val_dir``
     holds ``predictions.json``) against the data YAML's ``coco_eval.json`` sidecar of ``split``."""
     sidecar = json.loads((Path(data_yaml).parent / "coco_eval.json").read_text())[split]
@@ -208,4 +228,5 @@ def rows_bootstrap(rows: list[dict], data_yaml: str | Path, a: str, b: str, n_bo
             raise ValueError(f"no rows for backbone '{name}'")
         return [json.loads(f.read_text()) if f.is_file() else [] for f in files]
 
-    return {"a": a, "b": b, **paired_map_bootstrap(predictions(a), predictions(b), sidecar, n_boot=n_boot, seed=seed)}
+    return {"a": a, "b": b, **paired_map_bootstrap(predictions(a), predictions(b), sidecar, n_boot=n_boot, seed=seed,
+                                                        per_class=per_class)}

@@ -77,7 +77,8 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     rows = compare_backbones(data_yaml, {PRETRAINED: backbone, "random backbone": None}, seeds=list(cfg.detect_seeds),
                              cfg=dcfg, out_dir=out / "detect")
     # B - A on the same held-out pages, documents resampled: the intervals every detection claim of the report uses
-    paired = {"backbone": rows_bootstrap(rows, data_yaml, "random backbone", PRETRAINED, seed=int(cfg.seed))}
+    paired = {"backbone": rows_bootstrap(rows, data_yaml, "random backbone", PRETRAINED, seed=int(cfg.seed),
+                                         per_class=True)}
     if cfg.detect_reference:  # the reference column: fewer seeds, it only sets the scale
         reference = f"{cfg.detect_reference} (stock, all layers trained)"
         rcfg = load_config("detect", "compare", [*cfg.detect, *cfg.detect_reference_overrides])

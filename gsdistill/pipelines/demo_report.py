@@ -108,6 +108,18 @@ def _map_claims(paired: dict) -> list[str]:
             for key, name in (("map50", "mAP@50"), ("map50_95", "mAP@[50:95]"))]
 
 
+def _class_claims(paired: dict) -> list[str]:
+    """Each class's AP@50, B − A, when the bootstrap kept them: mAP weighs a rare class as much as a common one."""
+    per_class = paired.get("per_class")
+    if not per_class:
+        return []
+    lines = [f"- {name}: no held-out boxes of this class" if math.isnan(d["diff"]) else
+             f"- {name}: " + claim(paired["a"], paired["b"], 100 * d["diff"], [100 * v for v in d["ci95"]], "points", digits=2)
+             for name, d in per_class.items()]
+    return ["AP@50 of each class, the same pages and resamples (a class with few boxes can move the mAP alone):", ""] + \
+        lines + [""]
+
+
 def reference_verdict(name: str | None, map50: float | None, threshold: float) -> str:
     """Whether the stock reference learned enough (mAP@50 >= ``threshold``) for the section's comparisons to mean anything."""
     if name is None:
@@ -135,7 +147,7 @@ def detect_section(det: dict, out: Path, min_reference_map50: float) -> list[str
     b = paired["backbone"]
     lines += [f"Differences of the seed-mean mAP on the same {b['n_images']} held-out pages, with a 95 % percentile "
               f"bootstrap interval over their {b['n_docs']} documents ({b['n_boot']} resamples; COCO's mAP "
-              "recomputed on each):", ""] + _map_claims(b) + [""]
+              "recomputed on each):", ""] + _map_claims(b) + [""] + _class_claims(b)
     if ref:
         own = det.get("reference_overrides") or []
         setting = (f"same optimizer steps, the reference with its own {', '.join(f'`{o}`' for o in own)} "
