@@ -49,3 +49,17 @@ def stream_views_kwargs(monkeypatch):
         ShardBatches(str(shard_dir), cfg, 0, 1, 2, 16)._epoch_iterator(0)
         return dict(seen)
     return record
+
+
+@pytest.fixture
+def student_passes():
+    """``(model, batch) -> (terms, rows)``: the loss terms of one forward and the batch size of each
+    student backbone call (hooked on its first block), to check how many passes a term costs."""
+    def run(model, batch):
+        rows = []
+        hook = model.backbone.blocks[0].register_forward_hook(lambda m, i, o: rows.append(o.shape[0]))
+        try:
+            return model(batch), rows
+        finally:
+            hook.remove()
+    return run

@@ -146,11 +146,9 @@ def _model_and_batch(*extra, pages=4):
     return model, batch
 
 
-def test_local_sem_term_reaches_backbone_and_head_in_one_local_pass():
+def test_local_sem_term_reaches_backbone_and_head_in_one_local_pass(student_passes):
     model, batch = _model_and_batch()
-    calls = []
-    model.backbone.blocks[0].register_forward_hook(lambda m, i, o: calls.append(o.shape[0]))
-    terms = model(batch)
+    terms, calls = student_passes(model, batch)
     assert torch.isfinite(terms["local_sem"]) and terms["local_sem"] > 0
     copies = int(batch["masks"].any(1).sum())  # unmasked copies of the masked global views (align_views unmasked)
     assert calls == [8 + copies, 8]  # one student pass per crop size: the local one serves DINO and local_sem

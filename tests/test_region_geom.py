@@ -97,11 +97,9 @@ def _model_and_batch(*extra):
     return GSDistill(cfg), tensor_batch(cfg, 4, seed=2)
 
 
-def test_region_term_reaches_the_backbone_without_another_pass():
+def test_region_term_reaches_the_backbone_without_another_pass(student_passes):
     model, batch = _model_and_batch()
-    calls = []
-    model.backbone.blocks[0].register_forward_hook(lambda m, i, o: calls.append(o.shape[0]))
-    terms = model(batch)
+    terms, calls = student_passes(model, batch)
     assert torch.isfinite(terms["region_geom"]) and terms["region_geom"] > 0
     copies = int(batch["masks"].any(1).sum())
     assert calls == [8 + copies, 8]  # the global call (with the unmasked copies) and the local one, as without it
