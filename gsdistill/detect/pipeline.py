@@ -27,6 +27,7 @@ from gsdistill.device import resolve_device as torch_device  # noqa: E402
 from gsdistill.detect.backbone_folder import read_backbone_folder  # noqa: E402
 from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml, readable_data_yaml, skipped_images  # noqa: E402
 from gsdistill.detect.evaluate import param_counts, validate  # noqa: E402,F401  (validate: public entry point)
+from gsdistill.detect.repeat_factor import repeat_factor_data  # noqa: E402
 from gsdistill.detect.run_logging import add_run_callbacks  # noqa: E402
 from gsdistill.detect.safe_load import load_yolo, register_extra_globals, restricted_loading  # noqa: E402
 from gsdistill.detect.modules import BACKBONE_LAYER, detector_yaml  # noqa: E402
@@ -197,6 +198,9 @@ def _train_head(cfg: DictConfig, callbacks: dict[str, list] | None) -> Path:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir)
         train_data = record_data_check(report, cfg.data, run_dir)
+        if float(cfg.repeat_threshold) > 0:  # rare classes (tables, figures) seen more often, LVIS-style
+            train_data = repeat_factor_data(train_data, float(cfg.repeat_threshold), int(cfg.seed),
+                                            run_dir / "data_repeat")
         weights = Path(cfg.model) if cfg.model else export_detector(cfg.backbone, data["names"], cfg,
                                                                     run_dir / "init" / "detector.pt")
         model = load_yolo(weights, safe=bool(cfg.safe_load))
