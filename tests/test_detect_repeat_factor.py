@@ -12,7 +12,8 @@ from PIL import Image
 
 from gsdistill.config import load_config
 from gsdistill.detect.convert import DatasetError
-from gsdistill.detect.repeat_factor import label_path, repeat_factor_data, repeat_factors
+from gsdistill.detect.checks import label_path
+from gsdistill.detect.repeat_factor import repeat_factor_data, repeat_factors
 
 
 def _data(root: Path, train_classes: list[list[int]], n_val: int = 2) -> Path:

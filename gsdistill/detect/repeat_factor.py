@@ -22,14 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from gsdistill.detect.checks import data_root, split_dir
+from gsdistill.detect.checks import data_root, label_path, split_dir
 from gsdistill.detect.convert import IMAGE_SUFFIXES, DatasetError, _link
-
-
-def label_path(image: Path) -> Path:
-    """Ultralytics' label file of an image: the last ``/images/`` of its path becomes ``/labels/``, suffix ``.txt``."""
-    sa, sb = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
-    return Path(os.path.splitext(sb.join(str(image).rsplit(sa, 1)))[0] + ".txt")
 
 
 def split_images(data_yaml: str | Path, data: dict, split: str) -> list[Path]:
