@@ -54,3 +54,29 @@ def test_token_stats_see_a_collapsed_feature_map():
     assert abs(tool.token_stats(line)[0] - 1.0) < 1e-6
     same = torch.randn(8, 1, 16, generator=g).expand(8, 64, 16)
     assert abs(tool.token_stats(same)[1] - 1.0) < 1e-6
+
+
+def test_subpatch_targets_are_each_patchs_own_normalised_ink_cells():
+    """A 16 px patch inked on its top half: 4 x 4 cells, top two rows ink, per-patch centred and scaled;
+    a blank patch is marked as holding no arrangement."""
+    tool = _tool()
+    img = torch.zeros(1, 3, 16, 32)
+    img[:, :, :8, :16] = 1.0  # left patch: top half inked; right patch blank
+    t, ink = tool.subpatch_targets(img, patch=16)
+    assert t.shape == (1, 2, 16) and ink.tolist() == [[True, False]]
+    left = t[0, 0].reshape(4, 4)
+    raw = torch.tensor([1.0] * 8 + [0.0] * 8)
+    expected = (raw - raw.mean()) / (raw.var() + 1e-2).sqrt()
+    torch.testing.assert_close(left.reshape(-1), expected)
+    assert torch.all(left[:2] > 0) and torch.all(left[2:] < 0)
+
+
+def test_ridge_r2_is_one_for_a_linear_map_and_near_zero_for_noise():
+    tool = _tool()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(800, 6, generator=g)
+    y = x @ torch.randn(6, 3, generator=g)
+    r2, err = tool.ridge_r2(x[:600], y[:600], x[600:], y[600:], lam=1e-6)
+    assert r2 > 0.999 and err.shape == (200,)
+    r2_noise, _ = tool.ridge_r2(torch.randn(800, 6, generator=g)[:600], y[:600], torch.randn(200, 6, generator=g), y[600:])
+    assert r2_noise < 0.05

@@ -19,6 +19,11 @@ the held-out patch tokens (exp of the entropy of the normalised eigenvalues of t
 token width is its ceiling) and the mean cosine between two patch tokens of the same page after
 removing the mean token over all pages (0: positions differ as much as pages; 1: every patch of a
 page looks the same, so a detection head has nothing to localise with).
+
+``--subpatch`` asks the other half of what a box edge needs: how much of each inked patch's own ink
+arrangement (grey levels pooled to 4 x 4 cells of 4 px, centred and scaled per patch) a ridge regression
+recovers from the tokens of each block, as held-out R^2 against the raw pixels and the random twin, with a
+paired document bootstrap of the per-patch error (random - pretrained; above 0: the pretrained tokens keep more).
 """
 from __future__ import annotations
 
@@ -85,6 +90,28 @@ def pixel_tokens(images: torch.Tensor, patch: int) -> torch.Tensor:
     return p.transpose(1, 2)
 
 
+def subpatch_targets(images: torch.Tensor, patch: int, grid: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each patch's ink arrangement: grey levels average-pooled to ``grid x grid`` cells, centred and scaled per
+    patch (MAE's normalised pixels), ``[pages, patches, grid*grid]``, and which patches hold any (a blank patch has
+    no arrangement to keep)."""
+    grey = images.mean(1, keepdim=True)
+    cells = F.avg_pool2d(grey, patch // grid)  # [B, 1, H/c, W/c]
+    t = F.unfold(cells, kernel_size=grid, stride=grid).transpose(1, 2)  # [B, L, grid*grid]
+    var = t.var(-1, keepdim=True)
+    return (t - t.mean(-1, keepdim=True)) / (var + 1e-2).sqrt(), var[..., 0] > 1e-3
+
+
+def ridge_r2(x_tr: torch.Tensor, y_tr: torch.Tensor, x_ev: torch.Tensor, y_ev: torch.Tensor,
+             lam: float = 1.0) -> tuple[float, torch.Tensor]:
+    """Held-out R^2 of a ridge regression (standardised inputs, closed form); also per-row squared errors."""
+    mu, sd = x_tr.mean(0), x_tr.std(0).clamp_min(1e-6)
+    a, b = ((x_tr - mu) / sd).double(), ((x_ev - mu) / sd).double()
+    a1, b1 = torch.cat([a, torch.ones(len(a), 1, dtype=a.dtype)], 1), torch.cat([b, torch.ones(len(b), 1, dtype=b.dtype)], 1)
+    w = torch.linalg.solve(a1.T @ a1 + lam * torch.eye(a1.shape[1], dtype=a.dtype), a1.T @ y_tr.double())
+    err = (b1 @ w - y_ev.double()).square().sum(1)
+    return float(1 - err.sum() / (y_ev.double() - y_tr.double().mean(0)).square().sum()), err
+
+
 def fit_probe(x: torch.Tensor, y: torch.Tensor, n_cls: int, steps: int = 300, wd: float = 1e-4) -> torch.nn.Linear:
     """Class-balanced softmax regression on standardised features (full batch, L-BFGS)."""
     probe = torch.nn.Linear(x.shape[1], n_cls)
@@ -145,6 +172,35 @@ def features(name: str, vit, images: torch.Tensor) -> dict[str, torch.Tensor]:
     return {f"{name} block {i + 1}": t for i, t in enumerate(block_tokens(vit, images))}
 
 
+def subpatch_report(xs_tr, xs_ev, docs, patch: int, models: dict) -> None:
+    """How much of each patch's own ink arrangement the tokens keep (what a box edge inside a patch needs)."""
+    (t_tr, ink_tr), (t_ev, ink_ev) = subpatch_targets(xs_tr, patch), subpatch_targets(xs_ev, patch)
+    y_tr, y_ev = t_tr[ink_tr], t_ev[ink_ev]
+    print(f"inked patches: {len(y_tr)} training, {len(y_ev)} held-out; held-out R^2 of the 4 x 4 arrangement")
+    page = torch.arange(len(xs_ev))[:, None].expand_as(ink_ev)[ink_ev].numpy()
+    errs = {}
+    sources = {"pixels": (pixel_tokens(xs_tr, patch)[ink_tr], pixel_tokens(xs_ev, patch)[ink_ev])}
+    for name, vit in models.items():
+        tr, ev = features(name, vit, xs_tr), features(name, vit, xs_ev)
+        sources.update({k: (tr[k][ink_tr], ev[k][ink_ev]) for k in tr})
+    for key, (tr, ev) in sources.items():
+        r2, errs[key] = ridge_r2(tr, y_tr, ev, y_ev)
+        print(f"{key:22s} R^2 {r2:.3f}", flush=True)
+    for key in [k for k in errs if k.startswith("pretrained")]:
+        twin = key.replace("pretrained", "random")
+        # paired over documents: per-page mean squared error, random - pretrained (above 0: pretrained keeps more)
+        a = np.bincount(page, errs[twin].numpy(), len(xs_ev)) - np.bincount(page, errs[key].numpy(), len(xs_ev))
+        n = np.bincount(page, minlength=len(xs_ev)).clip(1)
+        by_doc = {d: [] for d in set(docs)}
+        for i, d in enumerate(docs):
+            by_doc[d].append(a[i] / n[i])
+        keys, rng = sorted(by_doc), np.random.default_rng(0)
+        means = np.array([np.mean(by_doc[d]) for d in keys])
+        boot = [means[rng.integers(0, len(keys), len(keys))].mean() for _ in range(1000)]
+        print(f"{key}: random's error - pretrained's per patch {means.mean():+.3f} "
+              f"[{np.percentile(boot, 2.5):+.3f}, {np.percentile(boot, 97.5):+.3f}]")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", required=True)
@@ -156,6 +212,8 @@ def main() -> None:
     ap.add_argument("--train-pages", type=int, default=None, help="fit the probes on the first N training pages")
     ap.add_argument("--eval-pages", type=int, default=None, help="score on the first N held-out pages")
     ap.add_argument("--stats-only", action="store_true", help="token statistics per block, no probes")
+    ap.add_argument("--subpatch", action="store_true",
+                    help="ridge-regress each inked patch's 4 x 4 ink arrangement from the tokens (held-out R^2), no class probes")
     ap.add_argument("--out", default="runs/probe_layout")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -175,6 +233,9 @@ def main() -> None:
         return
     xs_tr, y_tr, _ = load_split(args.train, args.size, patch, args.train_pages)
     xs_ev, y_ev, docs = load_split(args.eval, args.size, patch, args.eval_pages)
+    if args.subpatch:
+        subpatch_report(xs_tr, xs_ev, docs, patch, {"pretrained": pre, "random": rnd})
+        return
     print(f"{len(xs_tr)} training pages, {len(xs_ev)} held-out pages of {len(set(docs))} documents; "
           f"patch classes (held-out): {np.bincount(y_ev.reshape(-1), minlength=n_cls).tolist()}")
     rows, hits = [], {}
