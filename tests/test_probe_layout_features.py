@@ -80,3 +80,13 @@ def test_ridge_r2_is_one_for_a_linear_map_and_near_zero_for_noise():
     assert r2 > 0.999 and err.shape == (200,)
     r2_noise, _ = tool.ridge_r2(torch.randn(800, 6, generator=g)[:600], y[:600], torch.randn(200, 6, generator=g), y[600:])
     assert r2_noise < 0.05
+
+
+def test_paired_doc_bootstrap_takes_any_page_statistic():
+    """With a mean-error statistic, a model whose every page errs more by 1 gets an interval around +1."""
+    tool = _tool()
+    rng = np.random.default_rng(0)
+    b = rng.random((40, 1))
+    docs = [f"d{i // 4}" for i in range(40)]
+    lo, hi = tool.paired_doc_bootstrap(b + 1.0, b, docs, stat=lambda rows: rows.mean())
+    assert 0.999 < lo <= hi < 1.001

@@ -144,14 +144,17 @@ def balanced_acc(hits: np.ndarray) -> float:
     return float((tot[present, 0] / tot[present, 1]).mean())
 
 
-def paired_doc_bootstrap(a: np.ndarray, b: np.ndarray, docs: list[str], n_boot: int = 1000, seed: int = 0):
+def paired_doc_bootstrap(a: np.ndarray, b: np.ndarray, docs: list[str], n_boot: int = 1000, seed: int = 0,
+                         stat=None):
+    """95 % interval of ``stat(a) - stat(b)`` (default: balanced accuracy) over resampled documents; rows = pages."""
+    stat = stat or balanced_acc
     names = sorted(set(docs))
     idx = [np.array([i for i, d in enumerate(docs) if d == n]) for n in names]
     rng = np.random.default_rng(seed)
     diffs = []
     for _ in range(n_boot):
         pick = np.concatenate([idx[j] for j in rng.integers(0, len(idx), len(idx))])
-        diffs.append(balanced_acc(a[pick]) - balanced_acc(b[pick]))
+        diffs.append(stat(a[pick]) - stat(b[pick]))
     return tuple(np.percentile(diffs, [2.5, 97.5]))
 
 
@@ -186,20 +189,20 @@ def subpatch_report(xs_tr, xs_ev, docs, patch: int, models: dict) -> None:
     for key, (tr, ev) in sources.items():
         r2, errs[key] = ridge_r2(tr, y_tr, ev, y_ev)
         print(f"{key:22s} R^2 {r2:.3f}", flush=True)
-    for key in [k for k in errs if k.startswith("pretrained")]:
-        twin = key.replace("pretrained", "random")
-        # paired over documents: per-page mean squared error, random - pretrained (above 0: pretrained keeps more)
-        a = np.bincount(page, errs[twin].numpy(), len(xs_ev)) - np.bincount(page, errs[key].numpy(), len(xs_ev))
-        n = np.bincount(page, minlength=len(xs_ev)).clip(1)
-        by_doc = {d: [] for d in set(docs)}
-        for i, d in enumerate(docs):
-            by_doc[d].append(a[i] / n[i])
-        keys, rng = sorted(by_doc), np.random.default_rng(0)
-        means = np.array([np.mean(by_doc[d]) for d in keys])
-        boot = [means[rng.integers(0, len(keys), len(keys))].mean() for _ in range(1000)]
-        print(f"{key}: random's error - pretrained's per patch {means.mean():+.3f} "
-              f"[{np.percentile(boot, 2.5):+.3f}, {np.percentile(boot, 97.5):+.3f}]")
+    n_pages = len(xs_ev)
+    count = np.bincount(page, minlength=n_pages)
 
+    def per_page(err: torch.Tensor) -> np.ndarray:  # rows = pages: (summed error, inked patches)
+        return np.stack([np.bincount(page, err.numpy(), n_pages), count], 1)
+
+    def mean_error(rows: np.ndarray) -> float:
+        return rows[:, 0].sum() / max(rows[:, 1].sum(), 1)
+
+    for key in [k for k in errs if k.startswith("pretrained")]:
+        # paired over documents: random's mean error per patch - pretrained's (above 0: pretrained keeps more)
+        a, b = per_page(errs[key.replace("pretrained", "random")]), per_page(errs[key])
+        lo, hi = paired_doc_bootstrap(a, b, docs, stat=mean_error)
+        print(f"{key}: random's error - pretrained's per patch {mean_error(a) - mean_error(b):+.3f} [{lo:+.3f}, {hi:+.3f}]")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
