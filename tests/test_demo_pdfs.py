@@ -34,13 +34,18 @@ def test_pdfs_pick_the_real_page_recipe(monkeypatch, tmp_path):
 def pdf_demo(tmp_path_factory, request):
     shared = request.getfixturevalue("shared_data")
     root = tmp_path_factory.mktemp("pdfdemo")
-    pdfs, labels = root / "pdfs", root / "human"
-    pdfs.mkdir()
-    labels.mkdir()
-    for f in sorted((shared / "arxiv_pdfs_docbank").glob("*.pdf")):
+    pdfs, labels, extra = root / "pdfs", root / "human", root / "extra"
+    for d in (pdfs, labels, extra):
+        d.mkdir()
+    papers = sorted((shared / "arxiv_pdfs_docbank").glob("*.pdf"))
+    for f in papers[:3]:
         shutil.copy(f, pdfs / f.name)
+    # detection-only pages: one other paper, and a copy of one of --pdfs under another name (it may be held out)
+    shutil.copy(papers[3], extra / papers[3].name)
+    shutil.copy(papers[0], extra / "renamed_copy.pdf")
     (labels / "publaynet_examples").symlink_to(shared / "publaynet_examples")
-    cfg = load_config("demo", "pdfs", [*SMOKE, f"pdfs={pdfs}", f"out_dir={root / 'out'}", f"human_labels={labels}"])
+    cfg = load_config("demo", "pdfs", [*SMOKE, f"pdfs={pdfs}", f"out_dir={root / 'out'}", f"human_labels={labels}",
+                                       f"detect_extra_pdfs={extra}"])
     return root / "out", demo.run_demo(cfg)
 
 
@@ -58,6 +63,35 @@ def test_pdf_demo_runs_every_stage_on_real_pages(pdf_demo):
     assert "**PubLayNet examples** (20 pages)" in text
     assert "32 px local views of about 48 page px around a text span" in text
     assert "log K = " in text and "more than the seed spread" not in text
+
+
+def test_extra_pdfs_train_the_heads_only_at_the_same_steps(pdf_demo):
+    out, report = pdf_demo
+    res = json.loads((out / "results.json").read_text())
+    extra = res["data"]["detection-only pages (detect_extra_pdfs)"]
+    assert extra["documents"] == 1 and extra["pages"] == 4  # data.pages_per_pdf of the one new paper
+    skipped = json.loads((out / "data" / "detect_extra" / "manifest.json").read_text())["skipped"]
+    assert [s["reason"].split(" of --pdfs")[0] for s in skipped if s["source"].endswith("renamed_copy.pdf")] == [
+        f"the same file as {out.parent / 'pdfs' / sorted(p.name for p in (out.parent / 'pdfs').iterdir())[0]}"]
+    assert res["detect"]["train_pages"]["extra"] == 4
+    stems = {s: {p.stem for p in (out / "detect" / "data" / "labels" / s).glob("*.txt")} for s in ("train", "val")}
+    assert sum("detect-extra" in s for s in stems["train"]) == 4 and not any("detect-extra" in s for s in stems["val"])
+    from gsdistill.pipelines.demo_pdfs import same_steps_overrides
+    from gsdistill.tuples.shards import read_pages
+    assert not any(p["doc_id"].startswith("detect-extra/") for p in read_pages(out / "data" / "train", decode_images=False))
+    n = res["detect"]["train_pages"]["pretraining"]
+    assert res["detect"]["overrides"][-2:] == same_steps_overrides(load_config("detect", "compare", ["epochs=1", "batch=8"]), n, n + 4)
+    assert "pages of other documents (`detect_extra_pdfs`" in report.read_text()
+
+
+def test_same_steps_overrides_keep_the_optimizer_and_warm_up_steps():
+    from gsdistill.pipelines.demo_pdfs import same_steps_overrides
+
+    dcfg = load_config("detect", "compare", ["epochs=16", "batch=16", "warmup_epochs=1.0"])
+    # the long benchmark: 1,138 pretraining pages (72 batches) and 2,930 more (255 batches in all)
+    assert same_steps_overrides(dcfg, 1138, 1138 + 2930) == ["epochs=5", f"warmup_epochs={72 / 255:.4g}"]
+    assert 5 * 255 >= 16 * 72 > 4 * 255  # at least the steps, by less than one epoch
+    assert same_steps_overrides(dcfg, 100, 100) == ["epochs=16", "warmup_epochs=1"]
 
 
 def test_long_benchmark_recipe_loads_and_its_script_names_a_missing_folder(tmp_path):

@@ -33,13 +33,29 @@ def build_tuples(cfg, out: Path) -> tuple[Path, Path, dict]:
         from gsdistill.pipelines.demo_pdfs import build_pdf_split
         info = build_pdf_split(Path(cfg.pdfs), out / "data", int(d.pdf_dpi), int(d.max_pdf_pages),
                                int(d.pages_per_pdf), float(d.eval_fraction), int(cfg.seed))
-        return train_dir, eval_dir, info
+        return train_dir, eval_dir, {**info, **_detect_extra(cfg, out)}
     page = dict(width=int(d.page_width), height=int(d.page_height), text_scale=float(d.text_scale))
     readers = max(1, int(pretrain_config(cfg, train_dir).data.num_workers))
     train = build_synthetic(int(d.train_pages), train_dir, seed=int(cfg.seed), readers=readers, **page)
     # held-out pages come from another synthetic set (another seed): no document is in both
     held = build_synthetic(int(d.eval_pages), eval_dir, seed=int(cfg.seed) + 1000, **page)
-    return train_dir, eval_dir, {"train": _manifest_summary(train), "eval": _manifest_summary(held)}
+    return train_dir, eval_dir, {"train": _manifest_summary(train), "eval": _manifest_summary(held), **_detect_extra(cfg, out)}
+
+
+def _detect_extra(cfg, out: Path) -> dict:
+    """The pages of ``detect_extra_pdfs`` (detection heads only) in ``out/data/detect_extra``; {} without it."""
+    if not cfg.detect_extra_pdfs:
+        return {}
+    from gsdistill.pipelines.demo_pdfs import build_detect_extra
+
+    d = cfg.data
+    return {"detection-only pages (detect_extra_pdfs)": build_detect_extra(
+        Path(cfg.detect_extra_pdfs), extra_dir(out), int(d.pdf_dpi), int(d.max_pdf_pages), int(d.pages_per_pdf),
+        pdfs=Path(cfg.pdfs) if cfg.pdfs else None)}
+
+
+def extra_dir(out: Path) -> Path:
+    return out / "data" / "detect_extra"
 
 
 def _manifest_summary(m: dict) -> dict:
@@ -64,16 +80,22 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     from gsdistill.detect.convert import pages_to_yolo
     from gsdistill.detect.map_bootstrap import rows_bootstrap
     from gsdistill.detect.predict import predict
+    from gsdistill.pipelines.demo_pdfs import same_steps_overrides
 
     from gsdistill.tuples.labels import LABEL_SETS
 
     n_train = cfg.data.detect_train_pages  # null: every pretraining page trains the heads
-    pages = itertools.chain(itertools.islice(read_pages(train_dir), None if n_train is None else int(n_train)),
-                            read_pages(eval_dir))
+    train = list(itertools.islice(read_pages(train_dir, decode_images=False), None if n_train is None else int(n_train)))
+    extra = list(read_pages(extra_dir(out), decode_images=False)) if cfg.detect_extra_pdfs else []
+    pages = itertools.chain(itertools.islice(read_pages(train_dir), len(train)),
+                            read_pages(extra_dir(out)) if extra else (), read_pages(eval_dir))
     held = {p["doc_id"] for p in read_pages(eval_dir, decode_images=False)}
     names, category_map = LABEL_SETS[str(cfg.detect_labels)]
     data_yaml = pages_to_yolo(pages, out / "detect" / "data", val_docs=held, names=names, category_map=category_map)
-    dcfg = load_config("detect", "compare", [*cfg.detect])
+    overrides = [*cfg.detect]
+    if extra:  # more documents at the budget the pretraining pages alone get: epochs (and warm-up) scaled down
+        overrides += same_steps_overrides(load_config("detect", "compare", overrides), len(train), len(train) + len(extra))
+    dcfg = load_config("detect", "compare", overrides)
     rows = compare_backbones(data_yaml, {PRETRAINED: backbone, "random backbone": None}, seeds=list(cfg.detect_seeds),
                              cfg=dcfg, out_dir=out / "detect")
     # B - A on the same held-out pages, documents resampled: the intervals every detection claim of the report uses
@@ -81,7 +103,7 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
                                          per_class=True)}
     if cfg.detect_reference:  # the reference column: fewer seeds, it only sets the scale
         reference = f"{cfg.detect_reference} (stock, all layers trained)"
-        rcfg = load_config("detect", "compare", [*cfg.detect, *cfg.detect_reference_overrides])
+        rcfg = load_config("detect", "compare", [*overrides, *cfg.detect_reference_overrides])
         rcfg.val_during_training = bool(cfg.detect_reference_curve)  # per-epoch held-out mAP: the learning curve only
         ref_rows = compare_backbones(data_yaml, {reference: str(cfg.detect_reference)},
                                      seeds=list(cfg.detect_reference_seeds), cfg=rcfg, out_dir=out / "detect" / "reference")
@@ -96,6 +118,7 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     pcfg.predict.conf = float(cfg.predict_conf)
     drawn = predict(Path(first["run_dir"]) / "weights" / "last.pt", pages_dir, out / "detect" / "predictions", pcfg)
     return {"rows": rows, "summary": summarize(rows), "paired": paired, "data_yaml": str(data_yaml), "labels": names,
+            "overrides": [str(o) for o in overrides], "train_pages": {"pretraining": len(train), "extra": len(extra)},
             "reference_overrides": [str(o) for o in cfg.detect_reference_overrides] if cfg.detect_reference else [],
             "head": head_name(dcfg),
             "predict_conf": float(cfg.predict_conf), "predictions": [str(p.with_suffix(".png")) for p in drawn]}
@@ -186,7 +209,8 @@ def run_demo(cfg) -> Path:
             info["detect"] = detect(cfg, train_dir, eval_dir, run_dir / "backbone", out)
         elif stage == "detect budgets":  # few labels, few epochs (demo_budgets); nothing when none are asked
             from gsdistill.pipelines.demo_budgets import detect_budgets
-            info["detect_budgets"] = detect_budgets(cfg, info["detect"]["data_yaml"], run_dir / "backbone", out)
+            info["detect_budgets"] = detect_budgets(cfg, info["detect"]["data_yaml"], run_dir / "backbone", out,
+                                                    info["detect"]["overrides"])
         elif stage == "human labels":
             info["human_labels"] = human_labels(cfg, info["detect"], out)
         elif stage == "retrieval":

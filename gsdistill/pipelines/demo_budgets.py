@@ -24,8 +24,9 @@ def settings(cfg) -> list[tuple[str, float, int | None]]:
     return out
 
 
-def detect_budgets(cfg, data_yaml: str | Path, backbone: Path, out: Path) -> list[dict] | None:
-    """Train and score the detectors of every setting; None when the demo asks for none."""
+def detect_budgets(cfg, data_yaml: str | Path, backbone: Path, out: Path, overrides: list[str] | None = None) -> list[dict] | None:
+    """Train and score the detectors of every setting; None when the demo asks for none. ``overrides``: the
+    detect stage's own (``cfg.detect`` by default; with extra detection pages, its scaled epochs too)."""
     from gsdistill.detect.compare import compare_backbones
     from gsdistill.detect.map_bootstrap import rows_bootstrap
     from gsdistill.detect.subset import epochs_for_steps, subset_data, train_images
@@ -33,8 +34,9 @@ def detect_budgets(cfg, data_yaml: str | Path, backbone: Path, out: Path) -> lis
     todo = settings(cfg)
     if not todo:
         return None
-    base = load_config("detect", "compare", [*cfg.detect])
-    base_ref = load_config("detect", "compare", [*cfg.detect, *cfg.detect_reference_overrides])
+    overrides = [*cfg.detect] if overrides is None else list(overrides)
+    base = load_config("detect", "compare", overrides)
+    base_ref = load_config("detect", "compare", [*overrides, *cfg.detect_reference_overrides])
     full, seed = train_images(data_yaml), int(cfg.detect_seeds[0])
     reference = f"{cfg.detect_reference} (stock, all layers trained)" if cfg.detect_reference else None
     results = []

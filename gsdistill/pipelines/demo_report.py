@@ -132,6 +132,14 @@ def reference_verdict(name: str | None, map50: float | None, threshold: float) -
     return f"{own}, at least the {100 * threshold:.0f} % this report requires (`report_min_reference_map50`)."
 
 
+def _train_pages(det: dict) -> str:
+    n = det.get("train_pages") or {}
+    if not n.get("extra"):
+        return "pretraining pages"
+    return (f"{n['pretraining']} pretraining pages and {n['extra']} pages of other documents (`detect_extra_pdfs`; "
+            f"never pretrained on, never held out) at the pretraining pages' optimizer steps ({' '.join(det['overrides'][-2:])})")
+
+
 def detect_section(det: dict, out: Path, min_reference_map50: float) -> list[str]:
     from gsdistill.detect.compare import markdown_table
     summary = {s["backbone"]: s for s in det["summary"]}
@@ -141,7 +149,7 @@ def detect_section(det: dict, out: Path, min_reference_map50: float) -> list[str
     lines = ["## 3. Layout detection on held-out pages (same head, same budget)", "",
              "Head-only YOLOv10 on the frozen pretrained backbone vs on a random backbone of the same "
              f"architecture{head}, and a stock YOLOv10n with every layer trained, as a reference; trained on "
-             "pretraining pages, scored by pycocotools on held-out documents; mean ± sample std over seeds.", "",
+             f"{_train_pages(det)}, scored by pycocotools on held-out documents; mean ± sample std over seeds.", "",
              markdown_table(det["summary"]), "", reference_verdict(ref, summary[ref]["map50_mean"] if ref else None,
                                                                    min_reference_map50), ""]
     b = paired["backbone"]
