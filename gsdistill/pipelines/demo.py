@@ -75,7 +75,7 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     """Head-only detection on the pretrained and a random backbone plus stock YOLOv10n, same budget,
     ``detect_seeds``; trained on pretraining pages, scored on held-out pages (pycocotools); ``paired``:
     pretrained minus random backbone (and minus the reference) with a bootstrap over held-out documents."""
-    from gsdistill.tuples.shards import read_pages
+    from gsdistill.tuples.shards import read_manifest, read_pages
     from gsdistill.detect.compare import compare_backbones, summarize
     from gsdistill.detect.convert import pages_to_yolo
     from gsdistill.detect.map_bootstrap import rows_bootstrap
@@ -85,16 +85,17 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     from gsdistill.tuples.labels import LABEL_SETS
 
     n_train = cfg.data.detect_train_pages  # null: every pretraining page trains the heads
-    train = list(itertools.islice(read_pages(train_dir, decode_images=False), None if n_train is None else int(n_train)))
-    extra = list(read_pages(extra_dir(out), decode_images=False)) if cfg.detect_extra_pdfs else []
-    pages = itertools.chain(itertools.islice(read_pages(train_dir), len(train)),
-                            read_pages(extra_dir(out)) if extra else (), read_pages(eval_dir))
+    n_pre = read_manifest(train_dir)["pages"]
+    n_pre = n_pre if n_train is None else min(int(n_train), n_pre)
+    n_extra = read_manifest(extra_dir(out))["pages"] if cfg.detect_extra_pdfs else 0
+    pages = itertools.chain(itertools.islice(read_pages(train_dir), n_pre),
+                            read_pages(extra_dir(out)) if n_extra else (), read_pages(eval_dir))
     held = {p["doc_id"] for p in read_pages(eval_dir, decode_images=False)}
     names, category_map = LABEL_SETS[str(cfg.detect_labels)]
     data_yaml = pages_to_yolo(pages, out / "detect" / "data", val_docs=held, names=names, category_map=category_map)
     overrides = [*cfg.detect]
-    if extra:  # more documents at the budget the pretraining pages alone get: epochs (and warm-up) scaled down
-        overrides += same_steps_overrides(load_config("detect", "compare", overrides), len(train), len(train) + len(extra))
+    if n_extra:  # more documents at the budget the pretraining pages alone get: epochs (and warm-up) scaled down
+        overrides += same_steps_overrides(load_config("detect", "compare", overrides), n_pre, n_pre + n_extra)
     dcfg = load_config("detect", "compare", overrides)
     rows = compare_backbones(data_yaml, {PRETRAINED: backbone, "random backbone": None}, seeds=list(cfg.detect_seeds),
                              cfg=dcfg, out_dir=out / "detect")
@@ -118,7 +119,7 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     pcfg.predict.conf = float(cfg.predict_conf)
     drawn = predict(Path(first["run_dir"]) / "weights" / "last.pt", pages_dir, out / "detect" / "predictions", pcfg)
     return {"rows": rows, "summary": summarize(rows), "paired": paired, "data_yaml": str(data_yaml), "labels": names,
-            "overrides": [str(o) for o in overrides], "train_pages": {"pretraining": len(train), "extra": len(extra)},
+            "overrides": [str(o) for o in overrides], "train_pages": {"pretraining": n_pre, "extra": n_extra},
             "reference_overrides": [str(o) for o in cfg.detect_reference_overrides] if cfg.detect_reference else [],
             "head": head_name(dcfg),
             "predict_conf": float(cfg.predict_conf), "predictions": [str(p.with_suffix(".png")) for p in drawn]}

@@ -83,7 +83,9 @@ def build_detect_extra(extra: Path, out_dir: Path, dpi: int, max_pages: int, pag
 def same_steps_overrides(dcfg, base_pages: int, all_pages: int) -> list[str]:
     """``epochs`` and ``warmup_epochs`` overrides that keep the optimizer steps (and the warm-up's steps) that
     ``dcfg`` gives on ``base_pages`` when the heads train on ``all_pages``: more documents, the same budget."""
+    from gsdistill.detect.subset import epochs_for_steps
+
     batch = int(dcfg.batch)
     base_nb, all_nb = math.ceil(base_pages / batch), math.ceil(all_pages / batch)
-    epochs = max(1, math.ceil(int(dcfg.epochs) * base_nb / all_nb))
+    epochs = epochs_for_steps(int(dcfg.epochs), base_pages, all_pages, batch)
     return [f"epochs={epochs}", f"warmup_epochs={float(dcfg.warmup_epochs) * base_nb / all_nb:.4g}"]
