@@ -113,7 +113,7 @@ def test_long_benchmark_recipe_loads_and_its_script_names_a_missing_folder(tmp_p
 
 
 def test_reference_curve_only_for_runs_validated_every_epoch(tmp_path):
-    from gsdistill.pipelines.demo_report import reference_curve
+    from gsdistill.pipelines.demo_report_detect import reference_curve
     run = tmp_path / "run"
     run.mkdir()
     (tmp_path / "detect").mkdir()

@@ -8,7 +8,9 @@ import pytest
 
 from gsdistill.detect.convert import pages_to_yolo
 from gsdistill.detect.map_bootstrap import rows_bootstrap
-from gsdistill.pipelines.demo_report import chance_claim, claim, detect_section, retrieval_section
+from gsdistill.pipelines.demo_report import retrieval_section
+from gsdistill.pipelines.demo_report_detect import detect_section
+from gsdistill.pipelines.report_text import chance_claim, claim
 from gsdistill.tuples.synthetic import generate_pages
 
 NO_DIFF = "no measurable difference (the 95 % interval includes 0)"
