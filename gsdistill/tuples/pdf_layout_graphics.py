@@ -8,7 +8,9 @@
   algorithms drawn with the same rules once became page-high Tables swallowing headings.
 * **Picture**: image blocks (>= 16 pt each side) and clusters of vector drawings covering >= 1% of
   the page with both sides >= 30 pt, unless the cluster is only a frame/background behind text
-  (<= 6 rectangles, text covering >= 30% of it). Text inside either is absorbed by the caller.
+  (<= 6 rectangles, text covering >= 30% of it) or a box ruled around text (a rule across its top and
+  bottom, only straight strokes of >= 10 pt: framed code, macro signatures, notices, whose text stays
+  text). Text inside either is absorbed by the caller.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import re
 from gsdistill.tuples.pdf_layout import _MONO_FONT, _area, centre_inside, union_box
 
 TABLE_RULE_GAP = 0.2
+COLUMN_GAP = 6.0  # pt between neighbouring pieces of one row that separates two columns
 _ALGORITHM = re.compile(r"^\s*(algorithm|procedure|listing)\s*\d", re.I)
 
 
@@ -30,24 +33,26 @@ def horizontal_rules(drawings: list[dict]) -> list[list[float]]:
 
 
 def _columns_inside(region, lines: list[dict], min_rows: int = 2) -> bool:
-    """True when text inside ``region`` forms >= 2 columns on >= ``min_rows`` rows."""
-    pieces = []
-    for line in lines:
-        if not centre_inside(line["bbox"], region):
-            continue
-        for s in line["spans"]:
-            pieces.append(s["bbox"])
-    rows = 0
-    pieces.sort(key=lambda b: (round(b[1]), b[0]))
-    for i, a in enumerate(pieces):
-        for b in pieces[i + 1:]:
-            if b[1] > a[3]:
-                break
-            overlap = min(a[3], b[3]) - max(a[1], b[1])
-            if overlap > 0.5 * min(a[3] - a[1], b[3] - b[1]) and b[0] - a[2] > 6:
-                rows += 1
-                break
-    return rows >= min_rows
+    """True when text inside ``region`` forms >= 2 columns on >= ``min_rows`` rows.
+
+    A row is the text pieces (spans) whose heights overlap; it has columns when two pieces next to each
+    other on it are more than ``COLUMN_GAP`` apart (a word space is 2-4 pt). Counting every far-apart pair
+    on a line instead made any ruled one-line box of >= 3 words a "table" (l3doc's framed macro signatures).
+    """
+    pieces = sorted((s["bbox"] for line in lines if centre_inside(line["bbox"], region)
+                     for s in line["spans"] if s["text"].strip()), key=lambda b: (b[1] + b[3]) / 2)
+    rows: list[list] = []
+    for b in pieces:
+        top, bottom = (min(p[1] for p in rows[-1]), max(p[3] for p in rows[-1])) if rows else (0, 0)
+        if rows and min(bottom, b[3]) - max(top, b[1]) > 0.5 * min(bottom - top, b[3] - b[1]):
+            rows[-1].append(b)
+        else:
+            rows.append([b])
+    with_columns = 0
+    for row in rows:
+        row.sort(key=lambda b: b[0])
+        with_columns += any(b[0] - a[2] > COLUMN_GAP for a, b in zip(row, row[1:]))
+    return with_columns >= min_rows
 
 
 def _not_tabular(region, lines: list[dict]) -> bool:
@@ -90,11 +95,42 @@ def find_pictures(image_rects: list[list[float]], drawings: list[dict], clusters
             continue
         members = [d for d in drawings if centre_inside(d["rect"], c, tol=0.5)]
         rects_only = all(all(item[0] == "re" for item in d.get("items", [])) for d in members)
-        text_area = sum(_area(ln["bbox"]) for ln in lines if centre_inside(ln["bbox"], c))
+        inside = [ln for ln in lines if centre_inside(ln["bbox"], c)]
+        text_area = sum(_area(ln["bbox"]) for ln in inside)
         if rects_only and len(members) <= 6 and text_area >= 0.3 * _area(c):
             continue  # a frame or shaded background behind text, not a picture
+        if inside and _ruled_box(members, c):
+            continue  # a box ruled around text (framed code, macro signatures, notices): its text is text
         pics.append(list(c))
     return _merge_overlapping(pics)
+
+
+def _ruled_box(members: list[dict], region) -> bool:
+    """True when ``members`` draw a box of rules: a rule across the top and the bottom of ``region`` and
+    otherwise only unfilled straight horizontal or vertical strokes of >= 10 pt. A diagram has curves, diagonals or
+    dashes (geometry's page sketches: 1.3 pt dashes); a box drawn around text has none of them."""
+    width = region[2] - region[0]
+    top = bottom = False
+    for d in members:
+        if d.get("fill") is not None:
+            return False  # filled shapes: shaded cells (colortbl), drawings; the frame rule above takes backgrounds
+        for item in d.get("items", []):
+            if item[0] == "re":
+                r = item[1]
+                segments = [(r.x0, r.y0, r.x1, r.y0), (r.x0, r.y1, r.x1, r.y1)] if r.height > 2.5 else \
+                    [(r.x0, (r.y0 + r.y1) / 2, r.x1, (r.y0 + r.y1) / 2)]
+            elif item[0] == "l":
+                segments = [(item[1].x, item[1].y, item[2].x, item[2].y)]
+            else:
+                return False  # curves, quads: drawn shapes
+            for x0, y0, x1, y1 in segments:
+                horizontal, vertical = abs(y1 - y0) <= 0.5, abs(x1 - x0) <= 0.5
+                if not (horizontal or vertical) or max(abs(x1 - x0), abs(y1 - y0)) < 10:
+                    return False
+                if horizontal and abs(x1 - x0) >= 0.9 * width:
+                    top |= abs(y0 - region[1]) <= 3
+                    bottom |= abs(y0 - region[3]) <= 3
+    return top and bottom
 
 
 def _merge_overlapping(rects: list[list[float]]) -> list[list[float]]:
