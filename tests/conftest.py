@@ -63,3 +63,15 @@ def student_passes():
         finally:
             hook.remove()
     return run
+
+
+@pytest.fixture
+def draw_ruled_table():
+    """Draws a booktabs-like two-column table (three rules, four rows) at (150, 520)-(460, 592) pt on a pymupdf page."""
+    def draw(page) -> None:
+        for ry in (520, 538, 592):
+            page.draw_line((150, ry), (460, ry), width=0.6)
+        for i, (a, b) in enumerate([("Name", "Value"), ("alpha", "1.0"), ("beta", "2.0"), ("gamma", "3.0")]):
+            page.insert_text((160, 533 + i * 18), a, fontsize=10)
+            page.insert_text((380, 533 + i * 18), b, fontsize=10)
+    return draw

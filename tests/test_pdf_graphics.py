@@ -58,7 +58,7 @@ def test_sketch_with_dashes_and_a_diagonal_stays_a_picture():
     assert [c for c, _ in cats if c in ("Table", "Picture")] == ["Picture"], cats
 
 
-def test_ruled_grid_of_columns_is_a_table_and_one_row_is_not():
+def test_ruled_grid_of_columns_is_a_table_and_one_row_is_not(draw_ruled_table):
     def lines_at(rows):
         return [{"bbox": (x, y, x + 40, y + 10), "spans": [{"bbox": (x, y, x + 40, y + 10), "text": "cell"}]}
                 for y, xs in rows for x in xs]
@@ -72,9 +72,5 @@ def test_ruled_grid_of_columns_is_a_table_and_one_row_is_not():
     assert not _columns_inside(region, words)
     doc = pymupdf.open()
     page = doc.new_page(width=612, height=792)
-    for ry in (520, 538, 592):
-        page.draw_line((150, ry), (460, ry), width=0.6)
-    for i, (a, b) in enumerate([("Name", "Value"), ("alpha", "1.0"), ("beta", "2.0"), ("gamma", "3.0")]):
-        page.insert_text((160, 533 + i * 18), a, fontsize=10)
-        page.insert_text((380, 533 + i * 18), b, fontsize=10)
+    draw_ruled_table(page)
     assert [c for c, _ in _categories(page) if c in ("Table", "Picture")] == ["Table"]
