@@ -42,12 +42,14 @@ def _columns_inside(region, lines: list[dict], min_rows: int = 2) -> bool:
     pieces = sorted((s["bbox"] for line in lines if centre_inside(line["bbox"], region)
                      for s in line["spans"] if s["text"].strip()), key=lambda b: (b[1] + b[3]) / 2)
     rows: list[list] = []
+    band = [0.0, 0.0]  # the vertical extent of the last row
     for b in pieces:
-        top, bottom = (min(p[1] for p in rows[-1]), max(p[3] for p in rows[-1])) if rows else (0, 0)
-        if rows and min(bottom, b[3]) - max(top, b[1]) > 0.5 * min(bottom - top, b[3] - b[1]):
+        if rows and min(band[1], b[3]) - max(band[0], b[1]) > 0.5 * min(band[1] - band[0], b[3] - b[1]):
             rows[-1].append(b)
+            band = [min(band[0], b[1]), max(band[1], b[3])]
         else:
             rows.append([b])
+            band = [b[1], b[3]]
     with_columns = 0
     for row in rows:
         row.sort(key=lambda b: b[0])
