@@ -90,6 +90,7 @@ def page_regions(page: pymupdf.Page) -> list[dict]:
         clusters = [L.union_box(d["rect"] for d in drawings)]
     else:
         clusters = [list(r) for r in page.cluster_drawings(drawings=drawings)] if drawings else []
+    tables = G.find_drawn_tables(drawings, clusters, all_lines, tables, w * h)
     pictures = G.find_pictures(images, drawings, clusters, all_lines, w, h, tables)
     pictures = [p for p in pictures if not any(L.centre_inside(p, t) for t in tables)]
     body = L.body_size(blocks)

@@ -6,6 +6,11 @@
   Not a table: a frame whose text is mostly monospaced (code listings), holds an
   "Algorithm N" line (algorithm boxes) or is mostly prose (lines of >= 10 words): framed code and
   algorithms drawn with the same rules once became page-high Tables swallowing headings.
+  Also a Table (``find_drawn_tables``): a cluster of drawings, each a rectangle or a short path of
+  axis-parallel strokes (no curve, diagonal, polyline or dashed guide), around the same columnar,
+  non-code text covering >= 5 % of it, on at most half the page. Tables with vertical rules (hhline
+  and longtable cut their rules into per-cell pieces whose ends never match) and coloured cells
+  (colortbl) once became Pictures.
 * **Picture**: image blocks (>= 16 pt each side) and clusters of vector drawings covering >= 1% of
   the page with both sides >= 30 pt, unless the cluster is only a frame/background behind text
   (<= 6 rectangles, text covering >= 30% of it) or a box ruled around text (a rule across its top and
@@ -19,6 +24,7 @@ import re
 from gsdistill.tuples.pdf_layout import _MONO_FONT, _area, centre_inside, union_box
 
 TABLE_RULE_GAP = 0.2
+DRAWN_TABLE_TEXT = 0.05  # share of a drawn table's area its text covers (tables: 7-53 %; line sketches: 2 %)
 COLUMN_GAP = 6.0  # pt between neighbouring pieces of one row that separates two columns
 _ALGORITHM = re.compile(r"^\s*(algorithm|procedure|listing)\s*\d", re.I)
 
@@ -82,9 +88,82 @@ def find_tables(drawings: list[dict], lines: list[dict], page_h: float) -> list[
                     group.append(s)
                 used.add(j)
         region = union_box(group)
-        if len(group) >= 2 and _columns_inside(region, lines) and not _not_tabular(region, lines):
-            tables.append(region)
+        if len(group) >= 2 and _columns_inside(region, lines) and not _not_tabular(region, lines) \
+                and not _dashed([d for d in drawings if centre_inside(d["rect"], region, tol=0.5)]):
+            tables.append(region)  # (dashed guides between the rules: a sketch of a page, not a table)
     return tables
+
+
+def find_drawn_tables(drawings: list[dict], clusters: list[list[float]], lines: list[dict],
+                      tables: list[list[float]], page_area: float) -> list[list[float]]:
+    """``tables`` plus the regions of clusters of axis-parallel drawings (ruled grids, coloured cells) around
+    columnar text; a rule-found table inside such a region (one ruled band of the grid) joins it."""
+    found = []
+    for c in clusters:
+        if c[2] - c[0] < 30 or c[3] - c[1] < 15 or any(centre_inside(c, t) for t in tables):
+            continue
+        if _area(c) > 0.5 * page_area:
+            continue  # a slide's background and boxes behind its bullets; a full-page grid is rule-found
+        members = [d for d in drawings if centre_inside(d["rect"], c, tol=0.5)]
+        if len(members) < 2 or not all(_grid_piece(d) for d in members):
+            continue  # curves, diagonals, polylines: a drawing
+        inside = [s["bbox"] for ln in lines if centre_inside(ln["bbox"], c) for s in ln["spans"] if s["text"].strip()]
+        if sum(_area(b) for b in inside) < DRAWN_TABLE_TEXT * _area(c):
+            continue  # a few labels in a line drawing (layout's page sketch: 2 % text), not cells of text
+        if _columns_inside(c, lines) and not _not_tabular(c, lines) and not _ruled_box(members, c) \
+                and not _dashed(members):
+            found.append(list(c))
+    bands = [[t for t in tables if centre_inside(t, f)] for f in found]
+    kept = [t for t in tables if not any(t in b for b in bands)]
+    return kept + [union_box([f, *b]) for f, b in zip(found, bands)]
+
+
+def _dashed(members: list[dict], at_least: int = 5) -> bool:
+    """True when ``members`` hold >= ``at_least`` dashes: short (< 3 pt) axis-parallel pieces whose ends touch
+    no other piece (geometry's page sketches). The rules of hhline and longtable are cut into pieces just as
+    short, but each piece meets the next."""
+    segments = []
+    for d in members:
+        for item in d.get("items", []):
+            if item[0] == "l":
+                segments.append((item[1].x, item[1].y, item[2].x, item[2].y))
+            elif item[0] == "re" and min(item[1].width, item[1].height) <= 2.5:
+                r = item[1]
+                segments.append((r.x0, (r.y0 + r.y1) / 2, r.x1, (r.y0 + r.y1) / 2) if r.height <= 2.5
+                                else ((r.x0 + r.x1) / 2, r.y0, (r.x0 + r.x1) / 2, r.y1))
+    boxes = [(min(s[0], s[2]) - 0.6, min(s[1], s[3]) - 0.6, max(s[0], s[2]) + 0.6, max(s[1], s[3]) + 0.6)
+             for s in segments]
+    cells: dict[tuple[int, int], list[int]] = {}  # a 4 pt grid, so a grid of thousands of pieces stays linear
+    for j, b in enumerate(boxes):
+        for gx in range(int(b[0] // 4), int(b[2] // 4) + 1):
+            for gy in range(int(b[1] // 4), int(b[3] // 4) + 1):
+                cells.setdefault((gx, gy), []).append(j)
+    dashes = 0
+    for i, s in enumerate(segments):
+        if max(abs(s[2] - s[0]), abs(s[3] - s[1])) >= 3:
+            continue
+        if not any(j != i and boxes[j][0] <= x <= boxes[j][2] and boxes[j][1] <= y <= boxes[j][3]
+                   for x, y in (s[:2], s[2:]) for j in cells.get((int(x // 4), int(y // 4)), ())):
+            dashes += 1
+            if dashes >= at_least:
+                return True
+    return False
+
+
+def _grid_piece(drawing: dict) -> bool:
+    """True when a drawing could be a piece of a table: a rectangle (a cell, a rule) or a short path of
+    horizontal and vertical strokes (a frame). LaTeX draws every rule and cell on its own; a path of many
+    pieces is a plot's polyline or step curve, a filled path that is not a rectangle is a shape."""
+    items = drawing.get("items", [])
+    if len(items) > 4 or (drawing.get("fill") is not None and any(item[0] != "re" for item in items)):
+        return False
+    for item in items:
+        if item[0] == "l":
+            if abs(item[1].x - item[2].x) > 0.5 and abs(item[1].y - item[2].y) > 0.5:
+                return False  # a diagonal: arrows, plots, sketches
+        elif item[0] != "re":
+            return False  # curves, quads
+    return True
 
 
 def find_pictures(image_rects: list[list[float]], drawings: list[dict], clusters: list[list[float]],
@@ -109,13 +188,14 @@ def find_pictures(image_rects: list[list[float]], drawings: list[dict], clusters
 
 def _ruled_box(members: list[dict], region) -> bool:
     """True when ``members`` draw a box of rules: a rule across the top and the bottom of ``region`` and
-    otherwise only unfilled straight horizontal or vertical strokes of >= 10 pt. A diagram has curves, diagonals or
-    dashes (geometry's page sketches: 1.3 pt dashes); a box drawn around text has none of them."""
+    otherwise only unfilled straight horizontal or vertical strokes of >= 10 pt, none a path of more than four. A
+    diagram has curves, diagonals, dashes (geometry's page sketches: 1.3 pt dashes) or polylines (a plot's step
+    curve); a box drawn around text has none of them."""
     width = region[2] - region[0]
     top = bottom = False
     for d in members:
-        if d.get("fill") is not None:
-            return False  # filled shapes: shaded cells (colortbl), drawings; the frame rule above takes backgrounds
+        if d.get("fill") is not None or len(d.get("items", [])) > 4:
+            return False  # filled shapes (shaded cells, drawings; the frame rule above takes backgrounds), polylines
         for item in d.get("items", []):
             if item[0] == "re":
                 r = item[1]
