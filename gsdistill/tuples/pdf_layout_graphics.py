@@ -74,6 +74,11 @@ def _not_tabular(region, lines: list[dict]) -> bool:
         (len(inside) >= 3 and prose / len(inside) >= 0.4)
 
 
+def _members(drawings: list[dict], region) -> list[dict]:
+    """The drawings of ``region`` (their centres inside it): a cluster's or a table's pieces."""
+    return [d for d in drawings if centre_inside(d["rect"], region, tol=0.5)]
+
+
 def find_tables(drawings: list[dict], lines: list[dict], page_h: float) -> list[list[float]]:
     """Table regions from stacked horizontal rules that enclose columnar text."""
     rules, tables, used = horizontal_rules(drawings), [], set()
@@ -89,7 +94,7 @@ def find_tables(drawings: list[dict], lines: list[dict], page_h: float) -> list[
                 used.add(j)
         region = union_box(group)
         if len(group) >= 2 and _columns_inside(region, lines) and not _not_tabular(region, lines) \
-                and not _dashed([d for d in drawings if centre_inside(d["rect"], region, tol=0.5)]):
+                and not _dashed(_members(drawings, region)):
             tables.append(region)  # (dashed guides between the rules: a sketch of a page, not a table)
     return tables
 
@@ -104,7 +109,7 @@ def find_drawn_tables(drawings: list[dict], clusters: list[list[float]], lines: 
             continue
         if _area(c) > 0.5 * page_area:
             continue  # a slide's background and boxes behind its bullets; a full-page grid is rule-found
-        members = [d for d in drawings if centre_inside(d["rect"], c, tol=0.5)]
+        members = _members(drawings, c)
         if len(members) < 2 or not all(_grid_piece(d) for d in members):
             continue  # curves, diagonals, polylines: a drawing
         inside = [s["bbox"] for ln in lines if centre_inside(ln["bbox"], c) for s in ln["spans"] if s["text"].strip()]
@@ -174,7 +179,7 @@ def find_pictures(image_rects: list[list[float]], drawings: list[dict], clusters
         w, h = c[2] - c[0], c[3] - c[1]
         if w < 30 or h < 30 or _area(c) < 0.01 * page_w * page_h or any(centre_inside(c, t) for t in tables):
             continue
-        members = [d for d in drawings if centre_inside(d["rect"], c, tol=0.5)]
+        members = _members(drawings, c)
         rects_only = all(all(item[0] == "re" for item in d.get("items", [])) for d in members)
         inside = [ln for ln in lines if centre_inside(ln["bbox"], c)]
         text_area = sum(_area(ln["bbox"]) for ln in inside)
