@@ -2,11 +2,14 @@
 
     gsdistill eval retrieval --model RUN_DIR [--model RUN_DIR2 ...] [--label NAME ...]
                              --pages SHARD_DIR [--config EXP.yaml] [--out DIR] [key=value ...]
-    gsdistill eval split SHARD_DIR --train-out DIR --eval-out DIR [--fraction 0.1] [--seed 0]
+    gsdistill eval split SHARD_DIR --train-out DIR --eval-out DIR [--fraction 0.1] [--seed 0] [--overwrite]
 
 ``retrieval`` refuses pages whose documents are in a model's pretraining shards (checked against
 the run's resolved config), or whose image or text is that of a pretraining page under another
-document name (a renamed copy), unless ``--allow-overlap`` is given.
+document name (a renamed copy), unless ``--allow-overlap`` is given. ``split`` keeps documents that
+share a page (a renamed copy) on one side. Output folders are checked against the inputs and each
+other before anything is written, and locked against a second writer; a split output holding another
+output is refused unless ``--overwrite``.
 """
 from __future__ import annotations
 
@@ -20,15 +23,9 @@ from gsdistill.pretrain.run_folder import pretrain_source, run_config
 
 
 def _retrieval(args: argparse.Namespace) -> int:
-    from gsdistill.config import load_config, save_config
-    from gsdistill.tuples.shards import ShardDataset
-    from gsdistill.eval import splits
-    from gsdistill.eval.page_report import write_report
-    from gsdistill.models.text_encoder import TextEncoder
-    from gsdistill.device import resolve_device
-    from gsdistill.eval.page_retrieval import CachedTextEncoder, evaluate_page_retrieval
-    from gsdistill.pretrain.checkpoint import load_pretrained
-
+    from gsdistill.config import load_config
+    from gsdistill.output_folder import lock_folder
+    from gsdistill.tuples.shard_folder import removed_if_left_empty
     cfg = load_config("eval", args.config, args.overrides)
     from gsdistill.threads import apply_threads
     apply_threads(cfg.threads)
@@ -39,8 +36,30 @@ def _retrieval(args: argparse.Namespace) -> int:
     if not pages_dir.exists():
         print(f"gsdistill eval retrieval: pages folder not found: {pages_dir}", file=sys.stderr)
         return 2
+    out_dir = _checked_out(Path(args.out or cfg.out_dir), pages_dir, args.model)
+    with removed_if_left_empty(out_dir), lock_folder(out_dir):
+        return _retrieval_into(out_dir, args, cfg, labels, pages_dir)
+
+
+def _checked_out(out_dir: Path, pages_dir: Path, models: list[str]) -> Path:
+    """``--out`` checked before any model or page is read: a folder, not the pages or a model run
+    (whose config.yaml it would overwrite), nor holding them; a folder inside a run is fine."""
+    from gsdistill.output_folder import check_output_dir
+    inside = [m for m in models if Path(m).resolve() in out_dir.resolve().parents]
+    return check_output_dir(out_dir, "--out", inputs=[("--pages", pages_dir)] +
+                            [("--model", m) for m in models if m not in inside])
+
+
+def _retrieval_into(out_dir: Path, args: argparse.Namespace, cfg, labels: list[str], pages_dir: Path) -> int:
+    from gsdistill.config import load_config, save_config
+    from gsdistill.tuples.shards import ShardDataset
+    from gsdistill.eval import splits
+    from gsdistill.eval.page_report import write_report
+    from gsdistill.models.text_encoder import TextEncoder
+    from gsdistill.device import resolve_device
+    from gsdistill.eval.page_retrieval import CachedTextEncoder, evaluate_page_retrieval
+    from gsdistill.pretrain.checkpoint import load_pretrained
     eval_index = splits.content_index(pages_dir) if not args.allow_overlap else (set(), {})
-    out_dir = Path(args.out or cfg.out_dir)
     results, encoders = {}, {}
     for label, model_dir in zip(labels, map(Path, args.model)):
         run_cfg = run_config(model_dir)
@@ -74,10 +93,15 @@ def _retrieval(args: argparse.Namespace) -> int:
 def _split(args: argparse.Namespace) -> int:
     from gsdistill.eval.splits import split_shards
     record = split_shards(args.shards, args.train_out, args.eval_out, args.fraction, args.seed,
-                          args.pages_per_shard)
-    print(json.dumps({k: v for k, v in record.items() if not k.endswith("_docs")}, indent=2))
+                          args.pages_per_shard, overwrite=args.overwrite)
+    print(json.dumps({k: v for k, v in record.items() if not k.endswith("_docs") and k != "grouped"}, indent=2))
     print(f"[split] {len(record['train_docs'])} pretraining / {len(record['eval_docs'])} held-out documents",
           file=sys.stderr)
+    if record["grouped"]:
+        listed = "; ".join(" = ".join(g) for g in record["grouped"][:3])
+        more = f" and {len(record['grouped']) - 3} more" if len(record["grouped"]) > 3 else ""
+        print(f"[split] kept {len(record['grouped'])} group(s) of documents with identical pages on one side "
+              f"({listed}{more}; split.json 'grouped')", file=sys.stderr)
     return 0
 
 
@@ -103,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fraction", type=float, default=0.1, help="share of documents held out")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--pages-per-shard", type=int, default=256)
+    s.add_argument("--overwrite", action="store_true",
+                   help="an output folder holds another output: remove the files gsdistill wrote there (shards, "
+                        "manifest, split.json, units/, embeddings/, ...; never other files) first")
     s.set_defaults(func=_split)
     return p
 

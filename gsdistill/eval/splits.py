@@ -4,16 +4,20 @@ Pages of one PDF share layout, fonts, running headers and vocabulary; a page-lev
 the retrieval evaluation score pages whose siblings were seen in pretraining (paper 003 §6.2 uses
 pages "not included in the pretraining dataset"). The split therefore assigns whole documents
 (``page["doc_id"]``): a seeded shuffle of the sorted document ids, the first ``eval_fraction`` of
-them (at least one, at most all but one) held out.
+them (at least one, at most all but one) held out. Documents that share a page's image or text
+(the same PDF under two names) are grouped and kept on one side (:func:`document_groups`).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+
+from gsdistill.errors import InputError
 
 
 def split_documents(doc_ids: Iterable[str], eval_fraction: float, seed: int = 0
@@ -95,30 +99,102 @@ def check_held_out_pages(eval_index: tuple[set[str], dict[str, str]], pretrain_d
                          "document? Remove it from the evaluation pages (--allow-overlap skips this check)")
 
 
+def document_groups(shard_dir: str | Path) -> list[list[str]]:
+    """Every document of a shard folder in a group with the documents it shares a page's image or
+    text with (:func:`page_fingerprints`: a copy under another name), groups and members sorted; one
+    pass, images read as bytes, never decoded."""
+    from gsdistill.tuples.shards import ShardDataset
+    parent: dict[str, str] = {}
+
+    def root(doc: str) -> str:
+        while parent[doc] != doc:
+            parent[doc] = parent[parent[doc]]
+            doc = parent[doc]
+        return doc
+
+    first: dict[str, str] = {}
+    for page in ShardDataset(shard_dir, decode_images=False):
+        doc = page_doc_id(page)
+        parent.setdefault(doc, doc)
+        for key in page_fingerprints(page):
+            other = first.setdefault(key, doc)
+            a, b = sorted((root(doc), root(other)))
+            parent[b] = a
+    groups: dict[str, list[str]] = {}
+    for doc in parent:
+        groups.setdefault(root(doc), []).append(doc)
+    return sorted(sorted(g) for g in groups.values())
+
+
+def split_groups(groups: list[list[str]], eval_fraction: float, seed: int = 0) -> tuple[list[str], list[str]]:
+    """(pretraining docs, held-out docs) with each group on one side: :func:`split_documents` over the
+    groups (each named by its first document), so without copies it is the plain document split."""
+    if len(groups) < 2 <= sum(map(len, groups)):
+        raise InputError(f"a document-level split needs at least 2 documents with different pages; all "
+                         f"{sum(map(len, groups))} documents share pages (copies of one document)")
+    by_name = {g[0]: g for g in groups}
+    train, held = split_documents(by_name, eval_fraction, seed)
+    return sorted(d for name in train for d in by_name[name]), sorted(d for name in held for d in by_name[name])
+
+
+def _claim(folder: Path, role: str, option: str, source: Path, overwrite: bool) -> bool:
+    """Whether ``folder`` may take this side of the split (checked for both sides before either is
+    written): empty of shards, the same side of an earlier split of ``source`` (run again), or
+    ``overwrite``; another output is refused. True when ``overwrite`` must clear it first."""
+    from gsdistill.tuples.shard_folder import holds_shards, refuse, split_record_of
+    if overwrite or not holds_shards(folder):
+        return overwrite
+    rec = split_record_of(folder) or {}
+    real = os.path.realpath
+    if rec.get("source") and real(rec["source"]) == real(source) and real(rec.get(f"{role}_dir", "")) == real(folder):
+        return False  # this command's own output: written again
+    raise refuse(folder, option, f"not the {role} side of a split of {source}")
+
+
 def split_shards(shard_dir: str | Path, train_dir: str | Path, eval_dir: str | Path,
-                 eval_fraction: float = 0.1, seed: int = 0, pages_per_shard: int = 256) -> dict:
+                 eval_fraction: float = 0.1, seed: int = 0, pages_per_shard: int = 256,
+                 overwrite: bool = False) -> dict:
     """Copy a shard folder into a pretraining part and a held-out part, split by document.
 
-    Two passes over the input (document ids, then pages); both outputs get their own manifest,
-    and ``eval_dir/split.json`` records the seed, fraction and both document lists.
+    Both outputs are checked (not a file, not the input, not inside or around it or each other; not
+    holding another output, unless ``overwrite``: then what gsdistill wrote there is removed first)
+    and locked before anything is written. Documents sharing a page's image or text (a copy under
+    another name) are kept on one side (``grouped`` in the record). Two passes over the input
+    (documents and their page contents, then pages); both outputs get their own manifest, and
+    ``split.json`` in each records the seed, fraction, both document lists and the groups.
     """
-    from gsdistill.tuples.shards import ShardDataset, write_shards
-    train_docs, eval_docs = split_documents(document_ids(shard_dir), eval_fraction, seed)
-    held = set(eval_docs)
+    from gsdistill.output_folder import check_output_dir, lock_folder
+    from gsdistill.tuples.shard_folder import clear, removed_if_left_empty
+    from gsdistill.tuples.shards import ShardDataset, read_manifest, write_shards
+    source = Path(shard_dir)
+    outs = {"train": Path(train_dir), "eval": Path(eval_dir)}
+    options = {"train": "--train-out", "eval": "--eval-out"}
+    for role, other in (("train", "eval"), ("eval", "train")):
+        check_output_dir(outs[role], options[role], inputs=[("SHARD_DIR", source)],
+                         outputs=[(options[other], outs[other])])
+    read_manifest(source)  # a shard folder, before the locks create the outputs
+    with removed_if_left_empty(*outs.values()), lock_folder(outs["train"]), lock_folder(outs["eval"]):
+        to_clear = [role for role in outs if _claim(outs[role], role, options[role], source, overwrite)]
+        for role in to_clear:
+            clear(outs[role])
+        groups = document_groups(source)
+        train_docs, eval_docs = split_groups(groups, eval_fraction, seed)
+        held = set(eval_docs)
 
-    def side(keep_held: bool):
-        for page in ShardDataset(shard_dir):
-            if (page_doc_id(page) in held) == keep_held:
-                yield page
+        def side(keep_held: bool):
+            for page in ShardDataset(source):
+                if (page_doc_id(page) in held) == keep_held:
+                    yield page
 
-    train_manifest = write_shards(side(False), train_dir, pages_per_shard=pages_per_shard)
-    eval_manifest = write_shards(side(True), eval_dir, pages_per_shard=pages_per_shard)
-    record = {"source": str(shard_dir), "seed": seed, "eval_fraction": eval_fraction,
-              "train_dir": str(train_dir), "eval_dir": str(eval_dir),
-              "train_docs": train_docs, "eval_docs": eval_docs,
-              "train_pages": _count(train_manifest), "eval_pages": _count(eval_manifest)}
-    for out in (train_dir, eval_dir):
-        (Path(out) / "split.json").write_text(json.dumps(record, indent=2))
+        train_manifest = write_shards(side(False), outs["train"], pages_per_shard=pages_per_shard)
+        eval_manifest = write_shards(side(True), outs["eval"], pages_per_shard=pages_per_shard)
+        record = {"source": str(shard_dir), "seed": seed, "eval_fraction": eval_fraction,
+                  "train_dir": str(train_dir), "eval_dir": str(eval_dir),
+                  "train_docs": train_docs, "eval_docs": eval_docs,
+                  "grouped": [g for g in groups if len(g) > 1],
+                  "train_pages": _count(train_manifest), "eval_pages": _count(eval_manifest)}
+        for out in outs.values():
+            (out / "split.json").write_text(json.dumps(record, indent=2))
     return record
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from gsdistill.tuples.build_inputs import KINDS, _doc_id, input_files
+from gsdistill.tuples.build_inputs import KINDS, _doc_id, input_files, same_files, token_files
 from gsdistill.tuples.errors import DataError, SkipLog
 
 # keys that change how a build runs, not what it writes: a resumed build may change them
@@ -117,7 +117,7 @@ def _pieces(kind: str, source: str, cfg: DictConfig, skips: SkipLog, exclude: Pa
         return [Piece(None, None, 0, n)]
     root = Path(source)
     if kind == "pdf":
-        files = input_files(root, {".pdf"}, skips, limit, exclude)
+        files = same_files(input_files(root, {".pdf"}, skips, limit, exclude), skips)
         pieces = []
         for f, (count, error) in zip(files, _pdf_page_counts(files, int(cfg.pdf.max_page_count), cfg.build.workers)):
             if error is not None:
@@ -130,14 +130,14 @@ def _pieces(kind: str, source: str, cfg: DictConfig, skips: SkipLog, exclude: Pa
         if not cfg.ocr.enabled:
             raise DataError("--from images needs OCR for its text; ocr.enabled is false")
         return [Piece(str(f), _doc_id(root, f), 0, 1, splittable=False, stamp=_stamp(f))
-                for f in input_files(root, IMAGE_SUFFIXES, skips, limit, exclude)]
+                for f in same_files(input_files(root, IMAGE_SUFFIXES, skips, limit, exclude), skips)]
     if kind == "coco":
         from gsdistill.tuples.coco import read_coco
         files = [root] if root.is_file() else sorted([*root.glob("*.json"), *root.glob("COCO/*.json")])
         if not files:
             raise DataError(f"{root}: no COCO json (looked for *.json and COCO/*.json)")
         pieces = []
-        for f in files[:limit] if limit else files:
+        for f in files[:limit] if limit else files:  # a json's images are found beside it: no dedupe by bytes
             try:
                 pieces.append(Piece(str(f), None, 0, len(read_coco(f)["images"]), splittable=False, stamp=_stamp(f)))
             except DataError as e:
@@ -147,8 +147,8 @@ def _pieces(kind: str, source: str, cfg: DictConfig, skips: SkipLog, exclude: Pa
         from gsdistill.tuples.docbank import _image_index
         if not root.exists():
             raise DataError(f"{root}: no such file or folder")
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*.txt") if not p.name.startswith("labels"))
-        files = files[:limit] if limit else files
+        files = [root] if root.is_file() else token_files(root, skips, exclude)
+        files = files[:limit] if limit else files  # one token file's bytes may go with two page images
         base = Path(cfg.docbank.images_dir) if cfg.docbank.images_dir else (root.parent if root.is_file() else root)
         images = _image_index(base) or (_image_index(base.parent) if root.is_file() else {})
         return [Piece(str(f), None, 0, 1, splittable=False, image=str(images[f.stem]) if f.stem in images else None,

@@ -3,14 +3,16 @@
     gsdistill tuples build --from {pdf,images,coco,docbank,synthetic} INPUT --out DIR
                            [--config FILE] [--dpi N] [--pages-per-shard N] [--max-pages N]
                            [--limit N] [--no-ocr] [--image-format png|jpg] [--workers N]
-                           [--engine local|ray] [--ray-address ADDR] [key=value ...]
+                           [--engine local|ray] [--ray-address ADDR] [--overwrite] [key=value ...]
     gsdistill tuples embed SHARD_DIR [--encoder NAME] [--batch-size N] [--workers N] [--force] [key=value ...]
     gsdistill tuples info SHARD_DIR
 
 Settings come from ``configs/tuples/default.yaml`` <- ``--config`` <- ``key=value`` <- flags.
 The resolved config is saved as ``DIR/config.yaml``; skipped inputs go to the manifest and
 ``DIR/skipped.csv``. ``build`` started again with the same command resumes: finished shards are
-verified and kept (``gsdistill.tuples.build``).
+verified and kept (``gsdistill.tuples.build``); a ``--out`` holding another output is refused
+unless ``--overwrite``. ``build`` and ``embed`` hold their folder's lock: a second writer gets one
+line naming the first one's PID.
 """
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from gsdistill.errors import GsdistillError
-from gsdistill.tuples.errors import DataError, writing
+from gsdistill.errors import GsdistillError, InputError
+from gsdistill.tuples.errors import DataError
 
 # flag -> config key it sets
 _FLAG_KEYS = {"dpi": "pdf.dpi", "pages_per_shard": "build.pages_per_shard", "max_pages": "build.max_pages",
@@ -48,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", type=int, help="shards built at once, >= 1 (build.workers; default: the cores it may use)")
     b.add_argument("--engine", choices=["local", "ray"], help="local process pool or Ray tasks (build.engine)")
     b.add_argument("--ray-address", help="engine ray: address of a running Ray cluster (build.ray_address)")
+    b.add_argument("--overwrite", action="store_true",
+                   help="--out holds another output (other shards, a split): remove the files gsdistill "
+                        "wrote there (shards, manifest, units/, embeddings/, skipped.csv, ...; never other "
+                        "files), then build")
     e = sub.add_parser("embed", help="cache text-encoder embeddings of spans and box descriptors",
                        epilog="key=value overrides may follow, e.g. embed.max_spans=32 embed.device=cuda")
     e.add_argument("shard_dir")
@@ -88,14 +94,11 @@ def class_table(manifest: dict) -> list[str]:
 
 
 def _build(args) -> int:
-    from gsdistill.config import save_config
     from gsdistill.tuples.build import build_shards
     cfg = _config(args)
     out = Path(args.out)
     t0 = time.time()
-    manifest = build_shards(args.kind, args.input, out, cfg)
-    with writing(out / "config.yaml"):
-        save_config(cfg, out)
+    manifest = build_shards(args.kind, args.input, out, cfg, overwrite=args.overwrite, save_config=True)
     dt = time.time() - t0
     print(f"{manifest['pages']} pages ({manifest['documents']} documents) in {len(manifest['shards'])} shards -> {out} "
           f"[{dt:.1f} s, {manifest['pages'] / max(dt, 1e-9):.2f} pages/s]")
@@ -108,17 +111,58 @@ def _build(args) -> int:
     return 0
 
 
+def check_encoder(name: str) -> None:
+    """One line, before any shard is read, for an encoder that cannot load: a folder that is not a
+    saved Hugging Face model (no config.json), a path that does not exist, or a name that is neither
+    a local folder nor in the offline Hugging Face cache (nothing is downloaded)."""
+    from gsdistill.models.text_encoder import resolve_encoder
+    try:
+        path = Path(resolve_encoder(name)).expanduser()
+    except RuntimeError as e:  # the default encoder's package is missing
+        raise InputError(f"--encoder {name}: {e}") from None
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            held = sorted(p.name for p in path.iterdir())
+            listed = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "") or "nothing"
+            raise InputError(f"--encoder {name}: folder without config.json (it holds {listed}): not a saved "
+                             "Hugging Face model; give a model folder (config.json, tokenizer, weights) or a "
+                             "model name")
+        return
+    if path.exists():
+        raise InputError(f"--encoder {name}: a file, not a model folder; give a folder with config.json or a "
+                         "model name")
+    looks_like_path = str(name).startswith((".", "/", "~")) or str(name).count("/") > 1
+    if not looks_like_path:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.constants import HF_HUB_CACHE
+        try:
+            cached = try_to_load_from_cache(str(name), "config.json")
+        except Exception:  # an invalid repo id: not in any cache
+            cached = None
+        if isinstance(cached, str):
+            return
+        raise InputError(f"--encoder {name}: not a local folder and not in the offline Hugging Face cache "
+                         f"({HF_HUB_CACHE}); give a model folder, or download it once "
+                         f"(huggingface-cli download {name})")
+    raise InputError(f"--encoder {name}: no such folder; give a model folder (config.json, tokenizer, weights)")
+
+
 def _embed(args) -> int:
     from gsdistill.models.text_encoder import DEFAULT_ENCODER, TextEncoder
+    from gsdistill.output_folder import lock_folder
     from gsdistill.tuples.embed_stage import embed_shards
+    from gsdistill.tuples.shards import read_manifest
     from gsdistill.tuples.text_cache import fields_for
     cfg = _config(args)
     e = cfg.embed
     name = e.encoder or DEFAULT_ENCODER
-    r = embed_shards(args.shard_dir, TextEncoder, name, batch_size=int(e.batch_size), max_spans=e.max_spans,
-                     force=args.force, device=e.device, descriptor_format=e.descriptor_format,
-                     fields=fields_for(str(e.positives)), workers=int(e.workers),
-                     precision=str(e.precision))
+    check_encoder(name)
+    read_manifest(args.shard_dir)  # a shard folder, before the lock would create a missing one
+    with lock_folder(args.shard_dir):  # one writer of embeddings/ at a time (a build of the folder included)
+        r = embed_shards(args.shard_dir, TextEncoder, name, batch_size=int(e.batch_size), max_spans=e.max_spans,
+                         force=args.force, device=e.device, descriptor_format=e.descriptor_format,
+                         fields=fields_for(str(e.positives)), workers=int(e.workers),
+                         precision=str(e.precision))
     if r.reused:
         print(f"embeddings of {args.shard_dir} are current ({name})")
     else:

@@ -80,6 +80,8 @@ def doc_id_of(image_entry: dict, source: str) -> str:
 
 def clip_box(xywh, width: int, height: int) -> tuple[list[float] | None, str | None]:
     """(pixel xyxy clipped to the page, problem) - problem is None, 'clipped', 'invalid', 'negative' or 'outside'."""
+    if not isinstance(xywh, (list, tuple)) or len(xywh) != 4 or any(isinstance(v, (bool, str)) for v in xywh):
+        return None, "invalid"  # not [x, y, w, h]: 3 numbers, strings, null
     try:
         x, y, w, h = (float(v) for v in xywh)
     except (TypeError, ValueError):
@@ -96,6 +98,14 @@ def clip_box(xywh, width: int, height: int) -> tuple[list[float] | None, str | N
     if clipped[2] - clipped[0] < 1 or clipped[3] - clipped[1] < 1:
         return None, "outside"
     return [round(v, 2) for v in clipped], ("clipped" if clipped != box else None)
+
+
+def _scaled(bb, sx: float, sy: float):
+    """A COCO ``[x, y, w, h]`` scaled to the image's pixels; anything else (3 numbers, strings, null)
+    is returned as it is, for ``clip_box`` to call invalid (recorded with its annotation id)."""
+    numbers = isinstance(bb, (list, tuple)) and len(bb) == 4 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in bb)
+    return [bb[0] * sx, bb[1] * sy, bb[2] * sx, bb[3] * sy] if numbers else bb
 
 
 def spans_by_box(pieces: list[dict], boxes: list[dict]) -> list[dict]:
@@ -179,8 +189,7 @@ def coco_pages(json_path: str | Path, images_dir: str | Path | None = None, text
                 skips.add(f"{where}#ann={a.get('id')}", f"unknown class: {name if name is not None else a.get('category_id')!r}")
                 continue
             bb = a.get("bbox", [])
-            scaled = [bb[0] * sx, bb[1] * sy, bb[2] * sx, bb[3] * sy] if len(bb) == 4 else bb
-            box, problem = clip_box(scaled, w, h)
+            box, problem = clip_box(_scaled(bb, sx, sy), w, h)
             if problem is not None:
                 reason = {"clipped": "box clipped to page", "invalid": "invalid box", "outside": "box outside page",
                           "negative": "negative box size (dropped, not flipped)"}[problem]

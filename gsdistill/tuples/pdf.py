@@ -11,8 +11,9 @@ Bad input: an unreadable/corrupt file, a damaged one (truncated: MuPDF repairs i
 encrypted one, one with zero pages or more than
 ``max_page_count`` pages raises ``DataError`` naming the file (the folder driver records it). A page
 larger than ``max_page_side_pt`` or whose render would exceed ``max_pixels``, a page pymupdf fails
-on, and a page with no text layer (unless ``ocr_fn`` is given: then it is OCRed like a scan) are
-recorded in ``skips`` and not yielded.
+on, a page with no text layer (unless ``ocr_fn`` is given: then it is OCRed like a scan) and a page
+so small that its text boxes render under a pixel ("tiny page") are recorded in ``skips`` and not
+yielded.
 """
 from __future__ import annotations
 
@@ -171,6 +172,11 @@ def pdf_pages(path: str | Path, dpi: int = 72, skips: SkipLog | None = None, max
                 skips.add(where, f"unreadable page: {type(e).__name__}: {e}")
                 continue
             tuple_ = _assemble(page, regions, image, scale, f"{doc_id}-p{n + 1:04d}", doc_id, source)
+            if not tuple_["spans"] and any(r["text"].strip() for r in regions):
+                # it has a text layer: its boxes rendered under a pixel (a page of a few points)
+                skips.add(where, f"tiny page: {w:.0f}x{h:.0f} pt renders to {image.width}x{image.height} px at "
+                                 f"{dpi} dpi, its text boxes under a pixel; raise pdf.dpi (--dpi) to build it")
+                continue
             if not tuple_["spans"] and ocr_fn is not None:
                 from gsdistill.tuples.images import ocr_page
                 tuple_ = ocr_page(image, tuple_["id"], doc_id, source, ocr_fn)
