@@ -60,7 +60,7 @@ def check_output_dir(out: str | Path, what: str, inputs: Iterable[tuple[str, str
         raise OutputConflict(f"{what} {out}: is a file, not a folder; give a folder path")
     for parent in _real(out).parents:  # a file where a parent folder should be
         if parent.exists() and not parent.is_dir():
-            raise OutputConflict(f"{what} {out}: {parent} is a file, not a folder")
+            raise OutputConflict(f"{what} {out}: {parent} is a file, not a folder; give a path inside a folder")
     real = _real(out)
     for label, path in inputs:
         src = _real(path)

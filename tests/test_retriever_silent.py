@@ -94,7 +94,7 @@ def test_train_reports_a_diverged_or_interrupted_run_like_pretrain(monkeypatch, 
     from gsdistill.pretrain import loop
     from gsdistill.retriever import pipeline
 
-    def stop(cfg):
+    def stop(cfg, **_):
         raise getattr(loop, error)("step 3: stopped")
     monkeypatch.setattr(pipeline, "train_and_evaluate", stop)
     assert main(["train", f"run.dir={tmp_path}", "threads=1"]) == code

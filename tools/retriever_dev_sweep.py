@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{args.base}: data.dev_split is not set; a dev sweep needs a dev split")
         slug = "".join(c if c.isalnum() else "_" for c in name)
         s = train_and_evaluate(cfg, out / "dev_sweep" / f"{slug}-s{args.seed}", passage_embeddings=emb,
-                               progress=False, save_model=False)
+                               progress=False, save_model=False, overwrite=True)  # a row missing from the CSV: redo its folder
         dev, best = s["selection"]["dev_scores"], s["selection"]["best_epoch"]
         append_row(csv, {"setting": name, "seed": args.seed, "dev_by_epoch": json.dumps([round(d, 4) for d in dev]),
                          "best_epoch": best + 1, "best_dev": dev[best], "train_seconds": s["train_seconds"]}, FIELDS)

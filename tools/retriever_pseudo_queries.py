@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"negatives.cache_dir={out / 'mined_negatives'}", *args.set])
             run_dir = out / f"f{fold}-s{seed}"
             s = train_and_evaluate(cfg, run_dir, passage_embeddings=emb, progress=False, save_model=False,
-                                   augment_train=add_queries(args.kind))
+                                   augment_train=add_queries(args.kind), overwrite=True)  # the tool's own per-fold folders
             per_query = json.loads((run_dir / "eval" / "per_query.json").read_text())
             by_seed[seed].update({q: v["nDCG@10"] for q, v in per_query.items()})
             print(f"fold {fold} seed {seed}: nDCG@10 {s['eval']['metrics']['nDCG@10']:.4f}", file=sys.stderr)

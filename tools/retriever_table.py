@@ -150,7 +150,9 @@ def one_run(key, label, exp, overrides, base_name, emb, run_dir: Path) -> dict:
     else:
         cfg.eval.measures = MEASURES
         frozen = emb if cfg.model.freeze_passage else None
-        summary = train_and_evaluate(cfg, run_dir, passage_embeddings=frozen, progress=False, save_model=False)
+        # a row is (re)run only when missing from the results CSV: its folder is this tool's own, left by an unfinished try
+        summary = train_and_evaluate(cfg, run_dir, passage_embeddings=frozen, progress=False, save_model=False,
+                                     overwrite=True)
     per_query = json.loads((run_dir / "eval" / "per_query.json").read_text())
     (run_dir.parents[1] / "per_query").mkdir(exist_ok=True)
     (run_dir.parents[1] / "per_query" / f"{run_dir.name}.json").write_text(
@@ -260,7 +262,8 @@ def save_best(rows: list[dict], args) -> str:
     cfg = row_config(args.base, exp, overrides)
     cfg.eval.measures = MEASURES
     emb = corpus_embeddings(cfg, out)
-    summary = train_and_evaluate(cfg, out / "best" / f"{key}-s{seed}", passage_embeddings=emb, progress=False)
+    summary = train_and_evaluate(cfg, out / "best" / f"{key}-s{seed}", passage_embeddings=emb, progress=False,
+                                 overwrite=True)  # this tool's own folder, retrained on every call
     t0 = time.perf_counter()
     theirs = sentence_transformers_metrics(summary["model_dir"], load_split(cfg)[2], MEASURES, k=cfg.eval.k)
     ours = summary["eval"]["metrics"]["nDCG@10"]

@@ -10,14 +10,16 @@ malformed first judgement is an error, not a skipped header. It may have 3 colum
 (TREC: ``qid iter docid grade``). Grades are kept as floats (0.5 stays 0.5; a doc is relevant when
 its grade is > 0). Judgments naming a doc that is not in the corpus, or a query that is not in
 queries.jsonl, are counted in ``skipped``, not silently dropped; an empty corpus or no usable
-judgement is an error.
+judgement is an error. A document, query or (query, document) judgement given twice with different
+contents is an error naming both lines; an exact repeat is kept once and counted in ``skipped``. A
+query with empty text is counted in ``skipped`` with its judgements, never scored.
 """
 from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
 
-from gsdistill.retriever.data import RetrievalData, open_text, passage_text, read_jsonl, require
+from gsdistill.retriever.data import RetrievalData, UniqueIds, empty_text, open_text, passage_text, read_jsonl, require
 
 QUERY_COLUMNS = {"query-id", "query_id", "queryid", "qid", "query", "topic", "topic_id", "topic-id"}
 DOC_COLUMNS = {"corpus-id", "corpus_id", "doc-id", "doc_id", "docid", "docno", "document", "pid", "passage_id"}
@@ -30,12 +32,14 @@ def is_header(parts: list[str]) -> bool:
     return names[0] in QUERY_COLUMNS and names[-2] in DOC_COLUMNS and names[-1] in GRADE_COLUMNS
 
 
-def read_qrels(path: str | Path) -> dict[str, dict[str, float]]:
-    """``{qid: {docid: grade}}`` from a BEIR (3-column) or TREC (4-column) qrels file."""
+def read_qrels(path: str | Path, skipped: Counter | None = None) -> dict[str, dict[str, float]]:
+    """``{qid: {docid: grade}}`` from a BEIR (3-column) or TREC (4-column) qrels file; exact repeats
+    of a judgement are counted in ``skipped`` (when given), another grade for it is an error."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: qrels file not found")
     qrels: dict[str, dict[str, int]] = {}
+    pairs = UniqueIds(path, "judgement (query, document)")
     with open_text(path) as f:
         for n, line in enumerate(f, 1):
             parts = line.strip().split("\t") if "\t" in line else line.split()
@@ -55,7 +59,9 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, float]]:
                 raise ValueError(f"{path}:{n}: relevance grade '{grade}' is not finite")
             if value.is_integer():  # 0/1/2 stay ints (what pytrec_eval expects); 0.5 stays 0.5
                 value = int(value)
-            qrels.setdefault(qid, {})[docid] = value
+            if pairs.add((qid, docid), value, n):
+                qrels.setdefault(qid, {})[docid] = value
+    pairs.count_repeats(skipped if skipped is not None else Counter(), path.name)
     return qrels
 
 
@@ -71,18 +77,28 @@ def load_beir(folder: str | Path, split: str = "test") -> RetrievalData:
     for name in ("corpus.jsonl", "queries.jsonl"):
         if not (folder / name).is_file():
             raise ValueError(f"{folder}: not a BEIR folder (no {name})")
-    doc_ids, doc_texts = [], []
+    docs, skipped = UniqueIds(folder / "corpus.jsonl", "document id"), Counter()
     for n, obj in read_jsonl(folder / "corpus.jsonl"):
         where = f"{folder / 'corpus.jsonl'}:{n}"
-        doc_ids.append(str(require(obj, "_id", where)))
-        doc_texts.append(passage_text(obj.get("title"), require(obj, "text", where)))
-    queries = {}
+        docs.add(str(require(obj, "_id", where)), passage_text(obj.get("title"), require(obj, "text", where)), n)
+    docs.count_repeats(skipped, "corpus.jsonl")
+    doc_ids, doc_texts = list(docs.index), docs.values
+    del docs  # RetrievalData builds its own index: one id table in memory at a time
+    read = UniqueIds(folder / "queries.jsonl", "query id")
     for n, obj in read_jsonl(folder / "queries.jsonl"):
         where = f"{folder / 'queries.jsonl'}:{n}"
-        queries[str(require(obj, "_id", where))] = str(require(obj, "text", where))
-    raw = read_qrels(qrels_path(folder, split))
-    doc_set, skipped, qrels = set(doc_ids), Counter(), {}
+        read.add(str(require(obj, "_id", where)), str(require(obj, "text", where)), n)
+    read.count_repeats(skipped, "queries.jsonl")
+    empty = {q for q, t in zip(read.index, read.values) if empty_text(t)}
+    queries = {q: t for q, t in zip(read.index, read.values) if q not in empty}
+    if empty:
+        skipped["queries.jsonl: query with empty text (not scored)"] += len(empty)
+    raw = read_qrels(qrels_path(folder, split), skipped)
+    doc_set, qrels = set(doc_ids), {}
     for qid, grades in raw.items():
+        if qid in empty:
+            skipped["qrels query with empty text in queries.jsonl"] += 1
+            continue
         if qid not in queries:
             skipped["qrels query not in queries.jsonl"] += 1
             continue

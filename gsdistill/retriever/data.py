@@ -4,6 +4,9 @@ Readers (``beir.py``, ``tevatron.py``, ``dpr.py``) turn their file formats into 
 everything downstream (groups, training, evaluation) only sees this. Problems in the input either
 raise a ``ValueError`` naming the file and line, or are counted in ``skipped`` (a manifest of
 reason -> count) when the rest of the data is still usable (e.g. a judgment for a missing doc).
+Every id of every reader is read through :class:`UniqueIds`: two different records under one id
+are an error naming both lines (keeping either would change the results silently), an exact repeat
+is kept once and counted; a query with empty text is counted, never scored.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, TextIO
+
+from gsdistill.errors import InputError
 
 # "utf-8-sig": a byte-order mark that Excel or Notepad put first is not part of the first field
 # (it made a qrels header a bad grade, and the first judgement's query id unknown)
@@ -108,20 +113,64 @@ def passage_text(title: str | None, text: str | None) -> str:
     return " ".join(t.strip() for t in (title, text) if t and t.strip())
 
 
+class UniqueIds:
+    """Records keyed by id in file order: ``add(id, value, line)`` is True for a new id, False for an
+    exact repeat (kept once, counted in ``repeats``); a different value under a known id is an
+    :class:`InputError` naming the file, the id and both lines (``unit``: "line", or "item" in a JSON list)."""
+
+    def __init__(self, path: str | Path, what: str, unit: str = "line") -> None:
+        self.path, self.what, self.unit = path, what, unit
+        self.index: dict = {}  # id -> position in values
+        self.values: list = []
+        self.lines: list[int] = []
+        self.repeats = 0
+
+    def add(self, key, value, line: int) -> bool:
+        i = self.index.get(key)
+        if i is None:
+            self.index[key] = len(self.values)
+            self.values.append(value)
+            self.lines.append(line)
+            return True
+        if self.values[i] != value:
+            name = " ".join(map(str, key)) if isinstance(key, tuple) else key
+            raise InputError(f"{self.path}: {self.what} {name!r} has two different records ({self.unit}s "
+                             f"{self.lines[i]} and {line}); keep one of them, or give the other its own id")
+        self.repeats += 1
+        return False
+
+    def count_repeats(self, skipped: Counter, name: str) -> None:
+        if self.repeats:
+            skipped[f"{name}: exact repeat of a record (kept once)"] += self.repeats
+
+
+def empty_text(text) -> bool:
+    """A query with nothing to encode: scoring it would rank the corpus for an empty string."""
+    return not str(text).strip()
+
+
 class CorpusBuilder:
-    """Collects passages that arrive inline (DPR, Tevatron) and gives each a stable id."""
+    """Collects passages that arrive inline (DPR, Tevatron) and gives each a stable id; a passage id
+    given again with another text is an error naming both places (the first text would win silently)."""
 
-    def __init__(self) -> None:
-        self.ids: list[str] = []
-        self.texts: list[str] = []
-        self._seen: dict[str, str] = {}
+    def __init__(self, path: str | Path = "", unit: str = "line") -> None:
+        self._docs = UniqueIds(path, "passage id", unit)
 
-    def add(self, text: str, doc_id: str | None = None) -> str:
+    @property
+    def ids(self) -> list[str]:
+        return list(self._docs.index)
+
+    @property
+    def texts(self) -> list[str]:
+        return self._docs.values
+
+    def count_repeats(self, skipped: Counter, name: str) -> None:
+        """For a corpus file (one line per passage); inline passages cited again are no repeats."""
+        self._docs.count_repeats(skipped, name)
+
+    def add(self, text: str, doc_id: str | None = None, line: int = 0) -> str:
         if doc_id is None:  # no id in the file: content hash, so one passage gets one id
             doc_id = "h" + hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
         doc_id = str(doc_id)
-        if doc_id not in self._seen:
-            self._seen[doc_id] = text
-            self.ids.append(doc_id)
-            self.texts.append(text)
+        self._docs.add(doc_id, text, line)  # a passage shared by queries is a reference, not a repeat
         return doc_id

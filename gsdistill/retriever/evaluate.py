@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
 
 from gsdistill.eval import metrics
 from gsdistill.eval.index import search
-from gsdistill.retriever.data import RetrievalData, open_text
+from gsdistill.retriever.data import RetrievalData, UniqueIds, open_text
 from gsdistill.retriever.model import DualEncoder
 
 
@@ -53,14 +54,23 @@ def write_trec_run(run: dict[str, dict[str, float]], path: str | Path, tag: str 
     return path
 
 
-def read_trec_run(path: str | Path) -> dict[str, dict[str, float]]:
+def read_trec_run(path: str | Path, skipped: Counter | None = None) -> dict[str, dict[str, float]]:
+    """``{qid: {docid: score}}``; a (query, document) pair listed again with another score is an
+    error naming both lines, an exact repeat is kept once (counted in ``skipped`` when given)."""
     run: dict[str, dict[str, float]] = {}
+    pairs = UniqueIds(path, "run entry (query, document)")
     with open_text(path) as f:
         for n, line in enumerate(f, 1):
             parts = line.split()
             if len(parts) != 6:
                 raise ValueError(f"{path}:{n}: a TREC run line has 6 fields, got {len(parts)}")
-            run.setdefault(parts[0], {})[parts[2]] = float(parts[4])
+            try:
+                score = float(parts[4])
+            except ValueError:
+                raise ValueError(f"{path}:{n}: score '{parts[4]}' is not a number") from None
+            if pairs.add((parts[0], parts[2]), score, n):
+                run.setdefault(parts[0], {})[parts[2]] = score
+    pairs.count_repeats(skipped if skipped is not None else Counter(), Path(path).name)
     return run
 
 

@@ -5,8 +5,10 @@ tower the corpus is encoded once, and those embeddings serve label-noise injecti
 evaluation alike; pass ``passage_embeddings`` to reuse them across runs.
 
 Under ``torchrun`` every rank runs this; they share one run folder (rank 0 names it and broadcasts
-the name), rank 0 alone writes files (data summary, mined-negative cache, checkpoints, evaluation,
-model) and hands the mined negatives to the other ranks.
+the name), rank 0 alone locks it and writes files (data summary, mined-negative cache, checkpoints,
+evaluation, model) and hands the mined negatives to the other ranks. A run folder that holds an
+earlier run is refused unless ``overwrite`` (``run_folder.py``); a resume is checked against the
+run's own config and data before anything is written (``resume.py``).
 """
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ from gsdistill.retriever.evaluate import encode_corpus, evaluate_retriever
 from gsdistill.retriever.loading import limit_queries, load_retrieval_data, train_test_queries
 from gsdistill.retriever.mining import cached_negatives, check_method, mine_negatives, mining_key
 from gsdistill.retriever.noise import inject_label_noise
+from gsdistill.retriever.resume import (
+    Resume, absolute_data_paths, check_data, find_checkpoint, plan_resume, run_folder_of,
+)
+from gsdistill.retriever.run_folder import claim_run_folder
 from gsdistill.retriever.selection import EpochSelector
 from gsdistill.retriever.train import RetrieverTrainer, build_model, init_distributed
 
@@ -39,9 +45,12 @@ def _from_rank0(value):
     return box[0]
 
 
-def make_run_dir(cfg: DictConfig) -> Path:
-    """``run.dir/run.name``, or ``run.dir/<loss>-<timestamp>``: rank 0's clock names the folder of
+def make_run_dir(cfg: DictConfig, found: tuple[Path, list[str]] | None = None) -> Path:
+    """``run.dir/run.name``; without a name the resumed checkpoint's own run folder (``found``, see
+    :func:`find_checkpoint`), else ``run.dir/<loss>-<timestamp>``: rank 0's clock names the folder of
     every rank (ranks start seconds apart, and each would name its own). A collective."""
+    if not cfg.run.name and found is not None and run_folder_of(found[0]) is not None:
+        return run_folder_of(found[0])
     name = cfg.run.name or _from_rank0(f"{cfg.loss.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     return Path(cfg.run.dir) / name
 
@@ -158,20 +167,33 @@ def interpolate_weights(model: torch.nn.Module, start: dict[str, torch.Tensor], 
 
 def train_and_evaluate(cfg: DictConfig, run_dir: str | Path | None = None,
                        passage_embeddings: torch.Tensor | None = None, progress: bool = True,
-                       save_model: bool = True, augment_train=None) -> dict:
+                       save_model: bool = True, augment_train=None, overwrite: bool = False) -> dict:
     """Train on ``cfg`` and evaluate on the held-out data; returns the summary written to summary.json.
 
     ``save_model=False`` skips writing the weights (sweeps of many runs would fill the disk).
     ``augment_train(train_data) -> RetrievalData``: extra training queries (same corpus) added
     before noise and mining, e.g. ``tools/retriever_pseudo_queries.py``; the eval data is untouched.
+    ``overwrite``: a run folder holding an earlier run is refused unless set; then what that run
+    wrote is removed first (``run_folder.RUN_OUTPUTS``; other files stay).
     """
     init_distributed(cfg.train.device)  # sets this rank's device; joins only under torchrun (WORLD_SIZE > 1)
-    run_dir = Path(run_dir) if run_dir is not None else make_run_dir(cfg)
+    absolute_data_paths(cfg)  # the saved config names the data read, wherever a resume starts
+    found = find_checkpoint(cfg)
+    run_dir = Path(run_dir) if run_dir is not None else make_run_dir(cfg, found)
+    with claim_run_folder(cfg, run_dir, overwrite, run_folder_of(found[0]) if found else None):
+        resume = plan_resume(cfg, found)  # a refused resume has written nothing
+        return _train_and_evaluate(cfg, run_dir, resume, passage_embeddings, progress, save_model, augment_train)
+
+
+def _train_and_evaluate(cfg: DictConfig, run_dir: Path, resume: Resume | None, passage_embeddings, progress: bool,
+                        save_model: bool, augment_train) -> dict:
     loaded, train_data, eval_data = load_split(cfg)
     dev_data = load_dev(cfg, train_data, eval_data)
     train_data = limit_queries(train_data, cfg.data.max_train_queries, cfg.data.fold_seed)
     if augment_train is not None:
         train_data = augment_train(train_data)
+    if resume is not None:
+        check_data(resume, cfg, train_data)
     report_data({"loaded": loaded, "train": train_data, "dev": dev_data, "eval": eval_data}, run_dir,
                 quiet=not progress)
     model = build_model(cfg)
@@ -194,7 +216,7 @@ def train_and_evaluate(cfg: DictConfig, run_dir: str | Path | None = None,
     mined, mining_info, remine = mine_for_run(cfg, train_data, qrels, model, passage_embeddings, progress)
     trainer = RetrieverTrainer(cfg, train_data, run_dir, qrels=qrels, model=model,
                                passage_embeddings=passage_embeddings, progress=progress,
-                               mined_negatives=mined, remine=remine, on_epoch_end=selector)
+                               mined_negatives=mined, remine=remine, on_epoch_end=selector, resume=resume)
     start = {k: v.detach().clone() for k, v in model.state_dict().items()} if cfg.train.interpolate < 1 else None
     t0 = time.perf_counter()
     trainer.fit()

@@ -10,7 +10,8 @@ Stepping, logging (``metrics.csv``, TensorBoard under ``tb/``, ``plots/``), chec
 (``train.resume``, ``train.stop_after``), divergence stops and the learning-rate schedule (linear
 warm-up over ``train.warmup_ratio`` of the steps, then linear decay) are the pretraining loop's
 (:mod:`gsdistill.pretrain.loop`); the engine and the step stream are in ``train_support.py``, the
-loss of a step in ``objective.py``. ``train.batch_size`` is per process: under ``torchrun`` each
+loss of a step in ``objective.py``; what a resume may change, and the run's ``history.jsonl`` of
+starts and resumes, in ``resume.py``. ``train.batch_size`` is per process: under ``torchrun`` each
 rank takes an equal share of every epoch's groups and the candidates are gathered over ranks.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gsdistill.device import resolve_device
 from gsdistill.pretrain.distributed import rank_and_world
 from gsdistill.pretrain.loop import LoopPlan, Trainer
 from gsdistill.pretrain.schedules import linear_with_warmup
+from gsdistill.retriever import resume as resuming
 from gsdistill.retriever.data import RetrievalData
 from gsdistill.retriever.groups import GroupSampler, TrainGroup
 from gsdistill.retriever.model import DualEncoder
@@ -78,8 +80,10 @@ class RetrieverTrainer:
     def __init__(self, cfg: DictConfig, data: RetrievalData, run_dir: str | Path,
                  qrels: dict[str, dict[str, int]] | None = None, model: DualEncoder | None = None,
                  passage_embeddings: torch.Tensor | None = None, progress: bool = True,
-                 mined_negatives: dict[str, list[int]] | None = None, remine=None, on_epoch_end=None):
+                 mined_negatives: dict[str, list[int]] | None = None, remine=None, on_epoch_end=None,
+                 resume: "resuming.Resume | None" = None):
         self.cfg, self.data, self.run_dir, self.progress = cfg, data, Path(run_dir), progress
+        self.resume = resume  # checked by the caller before it wrote anything (pipeline); else in fit()
         self.on_epoch_end = on_epoch_end  # on_epoch_end(epoch, model) after every epoch (dev selection)
         if on_epoch_end is not None and (cfg.train.resume or cfg.train.stop_after is not None):
             raise ValueError("selection after every epoch (data.dev_split) keeps the best weights in memory; "
@@ -144,23 +148,29 @@ class RetrieverTrainer:
         return {x: set(docs[r][amb[r]].tolist()) for r, x in enumerate(qids)}
 
     def epoch_plan(self) -> list[str]:
-        plan = [self.cfg.loss.name] * self.cfg.train.epochs
-        if self.cfg.curriculum.stage2_epochs > 0:
-            plan += [self.cfg.curriculum.stage2_loss] * self.cfg.curriculum.stage2_epochs
-        return plan
+        return resuming.epoch_plan(self.cfg)
 
     def fit(self) -> DualEncoder:
         """Train (or continue ``train.resume``) along the epoch plan; ``history`` gets one row per
         optimiser step (``loss`` = the step's mean loss, ``loss_name``, ``epoch``, ``lr``, ...)."""
+        resume = self.resume
+        if resume is None and self.cfg.train.resume:  # a trainer used on its own: refused before any write
+            resume = resuming.plan_resume(self.cfg, resuming.find_checkpoint(self.cfg))
+        if resume is None:
+            data = resuming.data_record(self.cfg, self.data)
+        else:
+            data = resume.data or resuming.check_data(resume, self.cfg, self.data)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.loop = Trainer(self.cfg, self.run_dir, self.engine, self.stream, self.rank, self.world, self.device,
                             plan=self.loop_plan())
-        if self.cfg.train.resume:
-            self.loop.resume(self.cfg.train.resume)
+        self.loop.run_info = {"data": data}  # in every checkpoint: what a resume must read again
+        if resume is not None:
+            self.loop.resume(resume.ckpt)
         if self.rank == 0:  # only now: a resume that fails leaves the run's config.yaml as it was
             save_config(self.cfg, self.run_dir)
+            resuming.announce(resume, self.run_dir, data, self.world)
         self.model.train()
-        self.loop.fit()
+        resuming.fit_recorded(self.loop, self.run_dir, self.rank)
         if self.on_epoch_end is not None:  # the last epoch ends with the loop
             self.on_epoch_end(len(self.epoch_plan()) - 1, self.model)
         self.history = [{**row, "loss": row["total"]} for row in self.loop.history]
