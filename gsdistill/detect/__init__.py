@@ -2,7 +2,10 @@
 
 - ``modules``: the ViT and simple-feature-pyramid layers, registered with Ultralytics; model YAML.
 - ``convert`` / ``coco_convert``: page tuples / COCO json / official releases -> Ultralytics layout + COCO sidecar.
+- ``coco_checks`` / ``convert_output``: COCO entries checked before a label is written; the convert folder
+  checked against its inputs and other conversions, locked while written.
 - ``checks``: data checks with clear errors before training.
+- ``run_folder`` / ``finite``: a new locked folder per train run; NaN/inf weights and losses refused.
 - ``pipeline``: ``build_detector``, ``export_detector``, ``train_head``, ``validate``.
 - ``evaluate``: Ultralytics mAP + pycocotools COCOeval from the same predictions.
 - ``predict``: JSON + drawn PNG per page of a PDF / image / folder.

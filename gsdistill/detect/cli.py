@@ -50,7 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--size", type=int, nargs=2, default=(612, 792), metavar=("W", "H"), help="synthetic page size")
     c.add_argument("--skip-missing", action="store_true", help="record missing images in the manifest, no error")
-    c.add_argument("--out", required=True, help="output folder (images/, labels/, data.yaml)")
+    c.add_argument("--out", required=True, help="output folder (images/, labels/, data.yaml); one holding a conversion "
+                   "of other data is refused unless --overwrite")
+    c.add_argument("--overwrite", action="store_true", help="replace a conversion of other data in --out (removes "
+                   "only what detect convert wrote there: images/, labels/, coco/, data.yaml, manifest.json, ...)")
 
     for name, help_ in (("export", "write the untrained detector .pt (frozen ViT + pyramid + v10Detect)"),
                         ("train", "head-only fine-tuning with Ultralytics' trainer (resume=last.pt resumes; model= and resume= "
@@ -74,6 +77,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _inputs(args) -> list[tuple[str, str]]:
+    """What convert reads: --out may neither be, lie in nor hold any of it."""
+    given = (("--coco", args.coco), ("--images", args.images), ("--release", args.release),
+             ("--docbank", args.docbank), ("--shards", args.shards))
+    return [(label, path) for label, path in given if path]
+
+
+def _source(args) -> str:
+    """What --synthetic / --docbank / --shards pages are converted from, as the manifest records it."""
+    if args.synthetic is not None:
+        return f"synthetic: {args.synthetic} pages, seed {args.seed}, {args.size[0]}x{args.size[1]}"
+    kind, path = ("docbank", args.docbank) if args.docbank else ("shards", args.shards)
+    return f"{kind}: {Path(path).resolve()}"
+
+
 def _page_source(args):
     """Page tuples of --synthetic / --docbank / --shards (boxes already in DocLayNet classes)."""
     if args.docbank:
@@ -89,7 +107,9 @@ def _page_source(args):
 def _convert(args) -> int:
     from gsdistill.tuples.labels import PUBLAYNET_TO_DOCLAYNET
     from gsdistill.detect import convert
+    from gsdistill.output_folder import check_output_dir
 
+    check_output_dir(args.out, "--out", inputs=_inputs(args))  # before any source is opened or a byte written
     names = _names(args.names or ("doclaynet" if args.to_doclaynet or not args.dataset else args.dataset))
     cmap = PUBLAYNET_TO_DOCLAYNET if args.to_doclaynet else None
     missing = "skip" if args.skip_missing else "error"
@@ -98,18 +118,23 @@ def _convert(args) -> int:
             raise convert.DatasetError("--coco needs --images (the folder its file_name entries are in)")
         path = convert.coco_to_yolo(args.coco, args.images, args.out, names, split=args.split,
                                     val_fraction=args.val_fraction, seed=args.seed, category_map=cmap,
-                                    missing_images=missing)
+                                    missing_images=missing, overwrite=args.overwrite)
     elif args.release:
         if not args.dataset:
             raise convert.DatasetError("--release needs --dataset doclaynet|publaynet")
         path = convert.convert_release(args.release, args.dataset, args.out, names=names,
-                                       category_map=cmap, missing_images=missing)
+                                       category_map=cmap, missing_images=missing, overwrite=args.overwrite)
     else:
         path = convert.pages_to_yolo(_page_source(args), args.out, val_fraction=args.val_fraction, seed=args.seed,
-                                     names=names)
+                                     names=names, source=_source(args), overwrite=args.overwrite,
+                                     inputs=_inputs(args))
     manifest = json.loads((Path(args.out) / "manifest.json").read_text())
     for split, st in manifest["splits"].items():
-        print(f"{split}: {st['images']} images, {st['boxes']} boxes, {len(st['skipped'])} skipped")
+        print(f"{split}: {st['images']} images, {st['boxes']} boxes, {len(st['skipped'])} skipped, "
+              f"{len(st.get('clipped', []))} clipped to the image")
+    for js, st in manifest.get("unknown_image_annotations", {}).items():
+        print(f"{st['count']} annotations of {js} skipped: their image_id is not in its 'images' "
+              "(ids in manifest.json, unknown_image_annotations)")
     print(f"data YAML: {path}")
     return 0
 
@@ -131,8 +156,9 @@ def main(argv: list[str]) -> int:
             info = json.loads(path.with_name("params.json").read_text())
             print(f"exported {path}: {info['params_total']:,} parameters, {info['params_trainable']:,} trainable")
         elif args.command == "train":
-            run = pipeline.train_head(cfg)
-            print(f"run dir: {run} (weights/best.pt, results.csv, params.json)")
+            from gsdistill.errors import run_training_command
+            # a non-finite loss: one line, exit code 1 (as every training command), no checkpoint from it
+            return run_training_command("gsdistill detect train", lambda: _train(pipeline, cfg))
         elif args.command == "val":
             report = pipeline.validate(args.weights, args.data_yaml, args.coco_json, cfg)
             print(format_report(report))
@@ -145,6 +171,12 @@ def main(argv: list[str]) -> int:
     except (DatasetError, FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"gsdistill detect {args.command}: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _train(pipeline, cfg) -> int:
+    run = pipeline.train_head(cfg)
+    print(f"run dir: {run} (weights/best.pt, results.csv, params.json)")
     return 0
 
 

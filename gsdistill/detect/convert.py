@@ -13,10 +13,13 @@ Every output folder also holds
   :func:`gsdistill.detect.evaluate.coco_eval` scores Ultralytics' own predictions against the
   boxes that were trained on (``coco/<split>.json``: clipped to the image like the labels).
 Images are symlinked from the source (copied where links are impossible), never re-encoded.
+The manifest also records each split's ``source``: a folder holding a conversion of other data is
+refused unless ``overwrite`` (:mod:`gsdistill.detect.convert_output`).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -25,12 +28,14 @@ from typing import Iterable
 
 import yaml
 
+from gsdistill.detect.convert_output import claim, conversion_output
+from gsdistill.errors import GsdistillError
 from gsdistill.tuples.labels import DOCLAYNET_CLASSES
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 SPLITS = ("train", "val", "test")
 
 
-class DatasetError(ValueError):
+class DatasetError(GsdistillError, ValueError):
     """Input data that cannot be converted or trained on; the message names the file and problem."""
 
 
@@ -82,15 +87,23 @@ def _class_index(names: list[str], category_map: dict | None) -> dict[str, int |
 
 
 class _Writer:
-    """Accumulates one output folder: labels, image links, manifest and COCO-eval sidecar."""
+    """Accumulates one output folder: labels, image links, manifest and COCO-eval sidecar.
 
-    def __init__(self, out_dir: str | Path, names: list[str]):
+    ``sources``: split -> what it is converted from (recorded in the manifest); ``whole``: this
+    conversion owns the folder. The folder is claimed (:func:`~gsdistill.detect.convert_output.claim`:
+    refused, or the conversion it replaces removed) before anything is written, and the manifest is
+    written at once, so even a conversion that stops half-way is recognised as one of its source."""
+
+    def __init__(self, out_dir: str | Path, names: list[str], sources: dict[str, str | None], whole: bool,
+                 overwrite: bool = False):
         self.out = Path(out_dir)
         self.names = list(names)
+        self.sources = dict(sources)
+        claim(self.out, self.names, self.sources, whole, overwrite)
         self.manifest = self._read("manifest.json", {"names": self.names, "splits": {}})
         self.sidecar = self._read("coco_eval.json", {})
-        if self.manifest["names"] != self.names:
-            raise DatasetError(f"{self.out}: already holds classes {self.manifest['names']}, not {self.names}")
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "manifest.json").write_text(json.dumps(self.manifest, indent=1))
 
     def _read(self, name: str, default: dict) -> dict:
         path = self.out / name
@@ -104,7 +117,9 @@ class _Writer:
             if folder.is_dir():
                 shutil.rmtree(folder)
             folder.mkdir(parents=True)
-        self.manifest["splits"][split] = {"images": 0, "boxes": 0, "skipped": [], "clipped": []}
+        self.manifest["splits"][split] = {"source": self.sources.get(split), "images": 0, "boxes": 0, "skipped": [],
+                                          "clipped": []}
+        (self.out / "manifest.json").write_text(json.dumps(self.manifest, indent=1))
 
     def add(self, split: str, stem: str, lines: list[str], image_src: Path | None = None,
             move: bool = False) -> Path:
@@ -162,16 +177,27 @@ def assign_splits(keys: Iterable[str], val_fraction: float, seed: int) -> dict[s
 
 def pages_to_yolo(pages: Iterable[dict], out_dir: str | Path, val_fraction: float = 0.2, seed: int = 0,
                   names: list[str] | None = None, category_map: dict | None = None,
-                  val_docs: Iterable[str] | None = None) -> Path:
+                  val_docs: Iterable[str] | None = None, source: str | None = None, overwrite: bool = False,
+                  inputs: list[tuple[str, str | Path]] = ()) -> Path:
     """Write page tuples (``boxes`` in pixels) as a detection set split by ``doc_id``; return the data YAML.
 
     Page images are saved as PNG; each split also gets a COCO json (``coco/<split>.json``) so
     pycocotools scores the same boxes. A box category outside ``names`` (default: DocLayNet's 11)
-    and ``category_map`` is an error; pages without a usable box are skipped and recorded.
+    and ``category_map`` is an error, as is a bbox that is not four finite numbers; pages without a
+    usable box are skipped and recorded. ``source`` names the pages in the manifest: ``out_dir``
+    holding a conversion of another source is refused unless ``overwrite``
+    (:mod:`gsdistill.detect.convert_output`); ``inputs`` (``(label, path)``) are what the pages are
+    read from, which ``out_dir`` must neither be, lie in nor hold.
     """
     names = list(names or DOCLAYNET_CLASSES)
     index = _class_index(names, category_map)
-    writer = _Writer(out_dir, names)
+    with conversion_output(out_dir, inputs) as out:
+        writer = _Writer(out, names, {"train": source, "val": source}, whole=True, overwrite=overwrite)
+        return _write_pages(pages, writer, index, val_fraction, seed, val_docs)
+
+
+def _write_pages(pages, writer: _Writer, index: dict, val_fraction: float, seed: int, val_docs) -> Path:
+    names = writer.names
     staging = writer.out / "_staging"
     staging.mkdir(parents=True, exist_ok=True)
     records, skipped = [], []
@@ -185,7 +211,12 @@ def pages_to_yolo(pages: Iterable[dict], out_dir: str | Path, val_fraction: floa
                 raise DatasetError(f"page '{page['id']}' ({page.get('source')}): box category "
                                    f"'{box['category']}' is not one of the classes {names}")
             cls = index[cat]
-            line = yolo_line(cls, box["bbox"], w, h) if cls is not None else None
+            bbox = box["bbox"]
+            if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or not all(
+                    isinstance(v, (int, float)) and math.isfinite(v) for v in bbox):
+                raise DatasetError(f"page '{page['id']}' ({page.get('source')}): box {box['category']} bbox {bbox!r} "
+                                   "is not four finite numbers [x0, y0, x1, y1]; fix the page's boxes")
+            line = yolo_line(cls, bbox, w, h) if cls is not None else None
             if line is None:
                 skipped.append((f"{page['id']} {box['category']} {box['bbox']}",
                                 "category mapped to drop" if cls is None else "box without area after clipping"))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -20,18 +19,20 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 from ultralytics import YOLO  # noqa: E402
-from ultralytics.utils.files import increment_path  # noqa: E402
 
 from gsdistill.config import save_config, to_dict  # noqa: E402
 from gsdistill.device import resolve_device as torch_device  # noqa: E402
 from gsdistill.detect.backbone_folder import read_backbone_folder  # noqa: E402
 from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml, readable_data_yaml, skipped_images  # noqa: E402
 from gsdistill.detect.evaluate import param_counts, validate  # noqa: E402,F401  (validate: public entry point)
+from gsdistill.detect.finite import add_divergence_guard, check_finite_backbone  # noqa: E402
 from gsdistill.detect.repeat_factor import repeat_factor_data  # noqa: E402
+from gsdistill.detect.run_folder import claim_run_dir, removed_unless_resumable, train_inputs  # noqa: E402
 from gsdistill.detect.run_logging import add_run_callbacks  # noqa: E402
 from gsdistill.detect.safe_load import load_yolo, register_extra_globals, restricted_loading  # noqa: E402
 from gsdistill.detect.modules import BACKBONE_LAYER, detector_yaml  # noqa: E402
 from gsdistill.models.backbone import backbone_kwargs, create_backbone, load_backbone  # noqa: E402
+from gsdistill.output_folder import OutputConflict, check_output_dir, lock_folder  # noqa: E402
 from gsdistill.pretrain.config_checks import check_backbone  # noqa: E402
 
 
@@ -48,7 +49,9 @@ def _backbone(backbone_dir: str | Path | None, cfg: DictConfig) -> tuple[str, di
     """(timm name, timm kwargs, ViT with its weights): the exported one, or a random one from the config."""
     if backbone_dir:
         meta = read_backbone_folder(backbone_dir)  # clear error when the folder is not an export
-        return meta["model_name"], meta["kwargs"], load_backbone(backbone_dir)  # wrong shapes: clear error
+        vit = load_backbone(backbone_dir)  # wrong shapes: clear error
+        check_finite_backbone(vit, backbone_dir)  # a NaN backbone would train to a best.pt of zeros
+        return meta["model_name"], meta["kwargs"], vit
     spec = to_dict(cfg.random_backbone) if isinstance(cfg, DictConfig) else dict(cfg["random_backbone"])
     return spec["name"], backbone_kwargs(spec), create_backbone(spec)
 
@@ -80,20 +83,31 @@ def export_detector(backbone_dir: Path | None, names: list[str], cfg: DictConfig
     """
     out_path = Path(out_path)
     params_path = out_path.with_name("params.json")
-    _check_params_json(params_path, out_path)  # before anything is written
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    det = build_detector(backbone_dir, len(names), cfg, names)
-    det.save(str(out_path))
-    total, trainable = param_counts(det.model, frozen=bool(cfg.frozen))
-    info = {"weights": str(out_path.resolve()), "backbone": det.model.yaml["gsdistill"]["backbone"], "nc": len(names),
-            "names": list(names), "params_total": total, "params_trainable": trainable}
-    params_path.write_text(json.dumps(info, indent=1))
+    if out_path.is_dir():
+        raise OutputConflict(f"--out {out_path}: is a folder; give the path of the .pt file to write")
+    check_output_dir(out_path.parent, "--out")  # a file where its folder should be: one line
+    folder, backbone = out_path.parent.resolve(), Path(backbone_dir or "").resolve()
+    if backbone_dir and (folder == backbone or backbone in folder.parents):
+        raise OutputConflict(f"--out {out_path}: lies in the backbone folder {backbone_dir} it is built from; "
+                             "write the detector outside it")
+    with lock_folder(out_path.parent):  # params.json is per folder: one export writes a folder at a time
+        _check_params_json(params_path, out_path)  # before anything is written
+        det = build_detector(backbone_dir, len(names), cfg, names)
+        det.save(str(out_path))
+        total, trainable = param_counts(det.model, frozen=bool(cfg.frozen))
+        info = {"weights": str(out_path.resolve()), "backbone": det.model.yaml["gsdistill"]["backbone"],
+                "nc": len(names), "names": list(names), "params_total": total, "params_trainable": trainable}
+        params_path.write_text(json.dumps(info, indent=1))
     return out_path
 
 
 def _check_params_json(params_path: Path, out_path: Path) -> None:
-    """Refuse to replace a ``params.json`` that describes another file (another export, or a train run's)."""
+    """Refuse to replace a ``params.json`` that describes another file (another export, or a train run's),
+    and a ``.pt`` that no ``params.json`` beside it names as an export (a trained ``best.pt``, say)."""
     if not params_path.exists():
+        if out_path.exists():
+            raise OutputConflict(f"--out {out_path}: already exists and is not an earlier export (no params.json "
+                                 "beside it names it), e.g. a trained model; give a new path or move that file")
         return
     try:
         owner = json.loads(params_path.read_text()).get("weights")
@@ -129,6 +143,7 @@ def _resume_checkpoint(resume: str) -> Path:
 
 def _attach(model: YOLO, run_dir: Path, callbacks: dict | None) -> None:
     add_run_callbacks(model, run_dir)
+    add_divergence_guard(model, run_dir)
     for event, fns in (callbacks or {}).items():
         for fn in fns:
             model.add_callback(event, fn)
@@ -180,21 +195,26 @@ def _train_head(cfg: DictConfig, callbacks: dict[str, list] | None) -> Path:
         last = _resume_checkpoint(str(cfg.resume))
         run_dir = last.parent.parent
         safe = bool(cfg.safe_load)
-        model = load_yolo(last, safe=safe)
-        _attach(model, run_dir, callbacks)
-        # the trainer unpickles last.pt (and later best.pt) again itself: keep those loads restricted too
-        with restricted_loading() if safe else contextlib.nullcontext():
-            if safe:
-                register_extra_globals(last)
-            model.train(resume=True, device=resolve_device(cfg.device), workers=cfg.workers)
+        with lock_folder(run_dir):  # a second process resuming the same run: refused with the holder's PID
+            print(f"[detect] resuming run dir: {run_dir}", file=sys.stderr, flush=True)
+            model = load_yolo(last, safe=safe)
+            _attach(model, run_dir, callbacks)
+            # the trainer unpickles last.pt (and later best.pt) again itself: keep those loads restricted too
+            with restricted_loading() if safe else contextlib.nullcontext():
+                if safe:
+                    register_extra_globals(last)
+                model.train(resume=True, device=resolve_device(cfg.device), workers=cfg.workers)
         return run_dir
     if not cfg.data:
         raise ValueError("detect train: set data=<data YAML> (make one with `gsdistill detect convert`)")
     data = read_data_yaml(cfg.data)
+    inputs = train_inputs(cfg, data)
+    check_output_dir(Path(cfg.project) / cfg.name, "project/name")  # a file there: one line, before the data check
     _check_model_source(cfg)
     report = check_training_data(cfg)
-    run_dir = Path(increment_path(Path(cfg.project).resolve() / cfg.name))
-    with _removed_unless_resumable(run_dir):
+    with contextlib.ExitStack() as held:
+        run_dir = claim_run_dir(Path(cfg.project).resolve() / cfg.name, inputs, held)
+        held.enter_context(removed_unless_resumable(run_dir))
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir)
         train_data = record_data_check(report, cfg.data, run_dir)
@@ -240,15 +260,3 @@ def _check_model_source(cfg: DictConfig) -> None:
         read_backbone_folder(cfg.backbone)
     else:
         check_backbone(to_dict(cfg.random_backbone), key="random_backbone")
-
-
-@contextlib.contextmanager
-def _removed_unless_resumable(run_dir: Path):
-    """A run that fails before its first checkpoint leaves no ``head_only-N`` folder behind (the next
-    run would take another number); one with ``weights/last.pt`` stays, to be resumed."""
-    try:
-        yield
-    except BaseException:
-        if not (run_dir / "weights" / "last.pt").is_file():
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise

@@ -69,14 +69,36 @@ def draw_boxes(image: Image.Image, boxes: list[dict]) -> Image.Image:
 def predict(weights: str | Path, source: str | Path, out_dir: str | Path, cfg) -> list[Path]:
     """Detect layout boxes on every page of ``source``; write ``<page>.json`` + ``<page>.png``; return the JSONs."""
     from gsdistill.detect.evaluate import checkpoint_imgsz
-    from gsdistill.detect.pipeline import resolve_device
     from gsdistill.detect.safe_load import load_yolo
+    from gsdistill.output_folder import lock_folder
 
+    out = _check_out(Path(out_dir), Path(source))
     model = load_yolo(weights, safe=bool(cfg.safe_load))  # registers the gsdistill layers before unpickling
     imgsz = checkpoint_imgsz(model, cfg.predict.imgsz, cfg.imgsz)
+    with lock_folder(out):  # a second predict into the same folder: refused with the holder's PID
+        return _predict(model, imgsz, weights, source, out, cfg)
+
+
+def _check_out(out: Path, source: Path) -> Path:
+    """``out`` unless writing there would replace or add to the pages read: a folder source must not
+    be or hold ``out`` (drawn PNGs would overwrite same-named pages and be read next time), and an
+    image source must not be the ``<page>.png`` / ``<page>.json`` written for it."""
+    from gsdistill.output_folder import OutputConflict, check_output_dir
+    check_output_dir(out, "predict.out")
+    src, dst = source.resolve(), out.resolve()
+    if source.is_dir() and (dst == src or src in dst.parents):
+        raise OutputConflict(f"predict.out {out}: is or lies in the source folder {source}; the drawn pages would "
+                             "replace same-named pages there: give a folder outside it")
+    if source.is_file() and src in {(out / f"{source.stem}{s}").resolve() for s in (".png", ".json")}:
+        raise OutputConflict(f"predict.out {out}: the drawn page would replace the source {source}; give another "
+                             "predict.out")
+    return out
+
+
+def _predict(model, imgsz: int, weights, source, out: Path, cfg) -> list[Path]:
+    from gsdistill.detect.pipeline import resolve_device
+
     names = model.names
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, image in tqdm(iter_pages(source, dpi=int(cfg.predict.dpi)), desc="predict", unit="page"):
         result = model.predict(image, imgsz=imgsz, conf=cfg.predict.conf, max_det=cfg.predict.max_det,

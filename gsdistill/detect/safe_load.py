@@ -24,6 +24,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import gsdistill.detect.modules  # noqa: E402,F401  (registers the layers with Ultralytics)
+from gsdistill.errors import GsdistillError  # noqa: E402
 
 # what a file this package writes may name; used to report what else a file names
 TRUSTED_PREFIXES = ("torch.", "ultralytics.", "timm.", "gsdistill.detect.modules.", "gsdistill.models.backbone.",
@@ -32,7 +33,7 @@ _EXTRA_MODULES = ("gsdistill.detect.modules", "gsdistill.models.backbone")  # th
 _EXTRA_PACKAGES = ("timm.layers", "timm.models")
 
 
-class UnsafeCheckpointError(ValueError):
+class UnsafeCheckpointError(GsdistillError, ValueError):
     """A ``.pt`` that names code outside the allow-list (the message names the file and those names)."""
 
 
@@ -88,14 +89,23 @@ def restricted_loading():
 def load_yolo(path: str | Path, safe: bool = True):
     """``ultralytics.YOLO(path)``; with ``safe`` the file is unpickled with ``weights_only=True`` only.
 
-    Raises FileNotFoundError for a missing file and :class:`UnsafeCheckpointError` for a file that
-    names code outside the allow-list or cannot be read as a checkpoint.
+    Raises FileNotFoundError for a missing file, :class:`UnsafeCheckpointError` for a file that
+    names code outside the allow-list or cannot be read as a checkpoint, and InputError for weights
+    holding NaN/inf (a detector exported from a diverged backbone).
     """
-    from ultralytics import YOLO
+    from gsdistill.detect.finite import check_finite_detector
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights: {path} does not exist")
+    model = _load(path, safe)
+    check_finite_detector(model.model, path)
+    return model
+
+
+def _load(path: Path, safe: bool):
+    from ultralytics import YOLO
+
     if not safe:
         return YOLO(str(path))
     register_extra_globals(path)
