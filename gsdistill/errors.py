@@ -36,7 +36,9 @@ class TrainingInterrupted(RuntimeError):
 
 def run_training_command(prog: str, run) -> int:
     """``run()``'s exit code; a training stop is one line on stderr instead of a traceback: a
-    divergence exits 1, a signal (checkpoint written) 130. Shared by the training commands."""
+    divergence exits 1, a signal (checkpoint written) 130. Shared by the training commands. Once
+    stopped by a signal (or Ctrl-C outside the training loop) the command ignores further ones: a
+    second Ctrl-C while it exits would raise KeyboardInterrupt out of a closing progress bar."""
     import sys
     try:
         return run()
@@ -44,8 +46,23 @@ def run_training_command(prog: str, run) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:
+        _ignore_signals()
         print(f"{prog}: {e}", file=sys.stderr)
         return 130
+    except KeyboardInterrupt:
+        _ignore_signals()
+        print(f"{prog}: interrupted; every checkpoint written so far is whole (each is written completely or "
+              "not at all)", file=sys.stderr)
+        return 130
+
+
+def _ignore_signals() -> None:
+    import signal
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            pass
 
 
 def corrupt(path, exc: BaseException, what: str = "") -> CorruptFileError:

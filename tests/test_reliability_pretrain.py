@@ -74,15 +74,19 @@ def test_low_mask_probability_trains(tmp_path):
 
 
 # ---- 3. a reused run folder ----------------------------------------------------------------------
-def test_reused_run_folder_prunes_only_the_new_runs_checkpoints(tmp_path):
+def test_reused_run_folder_is_refused_and_overwrite_keeps_no_checkpoint_of_the_old_run(tmp_path):
+    from gsdistill.errors import GsdistillError
     old = tiny("train.ckpt_every=1", "train.keep_checkpoints=0")
     run_pretraining(old, tmp_path, fixed(old))  # leaves step-1 .. step-4
     new = tiny("optim.steps=2", "train.ckpt_every=1", "train.keep_checkpoints=1")
-    run_pretraining(new, tmp_path, fixed(new))
+    with pytest.raises(GsdistillError):  # once, a second run pruned and mixed the first run's checkpoints
+        run_pretraining(new, tmp_path, fixed(new))
+    assert [p.name for p in checkpoint.checkpoints_in(tmp_path / "checkpoints")] == [f"step-00000{i}" for i in range(1, 5)]
+    run_pretraining(new, tmp_path, fixed(new), overwrite=True)
     latest = checkpoint.resolve_checkpoint(tmp_path)
     assert latest.name == "step-000002" and checkpoint.read_state(latest)["step"] == 2
-    names = sorted(p.name for p in checkpoint.checkpoints_in(tmp_path / "checkpoints"))
-    assert names == ["step-000002", "step-000003", "step-000004"]  # step-1 pruned; the old run's kept
+    assert [p.name for p in checkpoint.checkpoints_in(tmp_path / "checkpoints")] == ["step-000002"]
+    assert steps_logged(tmp_path) == [1, 2]  # metrics of the new run only
 
 
 def test_resumed_run_prunes_its_own_history_by_step(tmp_path):

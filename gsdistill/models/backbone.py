@@ -16,7 +16,7 @@ import timm
 import torch
 from safetensors.torch import load_file, save_file
 
-from gsdistill.errors import CorruptFileError, corrupt
+from gsdistill.errors import CorruptFileError, InputError, corrupt
 
 FORMAT = "gsdistill-backbone/1"
 WEIGHTS, META = "backbone.safetensors", "backbone.json"
@@ -77,11 +77,20 @@ def create_backbone(cfg: dict) -> torch.nn.Module:
         raise ValueError(f"timm has no model '{name}': {e}") from None
 
 
+def non_finite_weights(state: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the float tensors of ``state`` holding NaN/inf."""
+    return [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+
+
 def save_backbone(model: torch.nn.Module, cfg: dict, out_dir: str | Path, extra: dict | None = None) -> Path:
-    """Write ``backbone.safetensors`` + ``backbone.json`` into ``out_dir``; return the folder."""
+    """Write ``backbone.safetensors`` + ``backbone.json`` into ``out_dir``; return the folder. A backbone
+    with NaN/inf weights is refused before anything is written (every consumer would fail on it)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    bad = non_finite_weights(state)
+    if bad:
+        raise InputError(f"{out}: the backbone to write holds NaN/inf weights ({', '.join(bad[:3])}); not written")
+    out.mkdir(parents=True, exist_ok=True)
     tmp = out / (WEIGHTS + ".tmp")
     save_file(state, str(tmp))
     tmp.replace(out / WEIGHTS)

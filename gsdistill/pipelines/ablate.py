@@ -135,7 +135,8 @@ def run_row(row: dict, seed: int, cfg, out_dir: Path, data_yaml: Path, eval_page
         run_dir = backbone.parent
     else:
         pre_cfg = load_config("pretrain", row["experiment"], [f"train.seed={seed}"], layers=[cfg.pretrain])
-        run_dir = Path(run_pretraining(pre_cfg, out_dir / "pretrain" / name))
+        # a row runs only while missing from results.csv: a folder left there is this row's own unfinished try
+        run_dir = Path(run_pretraining(pre_cfg, out_dir / "pretrain" / name, overwrite=True))
         model, backbone = load_pretrained(run_dir), run_dir / "backbone"
     t1 = time.perf_counter()
     det_cfg = load_config("detect", None, [f"backbone={backbone}", f"data={data_yaml}",
@@ -243,9 +244,16 @@ def check_row_configs(cfg, rows: list[dict]) -> None:
 
 def run_ablation(cfg, wanted: list[str] | None = None) -> Path:
     """Run every selected (row, seed) not yet in ``out_dir/results.csv``; write table and plot."""
-    from gsdistill.config import save_config, to_dict
+    from gsdistill.output_folder import lock_folder
+    from gsdistill.pipelines.ablate_folder import check_same_scale
     out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_same_scale(cfg, out_dir)
+    with lock_folder(out_dir):
+        return _run_pending(cfg, out_dir, wanted)
+
+
+def _run_pending(cfg, out_dir: Path, wanted: list[str] | None) -> Path:
+    from gsdistill.config import save_config, to_dict
     save_config(cfg, out_dir)
     rows = select_rows(to_dict(cfg.rows), wanted)
     csv_path = out_dir / "results.csv"

@@ -66,9 +66,25 @@ def pretrain_config(cfg, train_dir: Path, *extra: str):
     return load_config("pretrain", cfg.pretrain_experiment, [*cfg.pretrain, f"data.shards={train_dir}", f"train.seed={cfg.seed}", *extra])
 
 
-def pretrain(cfg, train_dir: Path, out: Path, name: str = "pretrain", *extra: str) -> Path:
+def pretrain(cfg, train_dir: Path, out: Path, name: str = "pretrain", *extra: str, overwrite: bool = False) -> Path:
     from gsdistill.pretrain.run import run_pretraining
-    return run_pretraining(pretrain_config(cfg, train_dir, *extra), run_dir=out / name)
+    return run_pretraining(pretrain_config(cfg, train_dir, *extra), run_dir=out / name, overwrite=overwrite)
+
+
+# what a finished or started demo leaves in its folder: a rerun would replace its runs and report
+EARLIER_DEMO = ("report.md", "results.json", "pretrain/config.yaml", "control/config.yaml", "pretrain/checkpoints")
+
+
+def check_demo_folder(out: Path, overwrite: bool) -> None:
+    """Refuse (one line, exit 2) an output folder that is a file or holds an earlier demo, before any
+    stage runs; ``overwrite`` lets every stage replace what it wrote there (and only that)."""
+    from gsdistill.output_folder import OutputConflict, check_output_dir
+    check_output_dir(out, "demo --out")
+    found = [name for name in EARLIER_DEMO if (out / name).exists()]
+    if found and not overwrite:
+        raise OutputConflict(f"demo --out {out}: holds an earlier demo ({', '.join(found)}); choose another folder "
+                             "(--out), or pass --overwrite to run it again there (each stage replaces only what it "
+                             "wrote)")
 
 
 def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> dict:
@@ -117,7 +133,9 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     first = next(r for r in rows if r["backbone"] == PRETRAINED)
     pcfg = dcfg.copy()
     pcfg.predict.conf = float(cfg.predict_conf)
-    drawn = predict(Path(first["run_dir"]) / "weights" / "last.pt", pages_dir, out / "detect" / "predictions", pcfg)
+    # the demo's own folder: a demo run again replaces the predictions of the one before
+    drawn = predict(Path(first["run_dir"]) / "weights" / "last.pt", pages_dir, out / "detect" / "predictions", pcfg,
+                    overwrite=True)
     return {"rows": rows, "summary": summarize(rows), "paired": paired, "data_yaml": str(data_yaml), "labels": names,
             "overrides": [str(o) for o in overrides], "train_pages": {"pretraining": n_pre, "extra": n_extra},
             "reference_overrides": [str(o) for o in cfg.detect_reference_overrides] if cfg.detect_reference else [],
@@ -178,16 +196,24 @@ def check_demo_config(cfg, out: Path) -> None:
     check_pretrain_config(pretrain_config(cfg, out / "data" / "train"), shards_made_later=True)
 
 
-def run_demo(cfg) -> Path:
-    """Run every stage; return the report path. Each stage's output stays in ``out_dir``."""
+def run_demo(cfg, overwrite: bool = False) -> Path:
+    """Run every stage; return the report path. Each stage's output stays in ``out_dir``, which holds
+    this process's lock; a folder holding an earlier demo is refused unless ``overwrite``."""
+    from gsdistill.output_folder import lock_folder
+
+    out = Path(cfg.out_dir)
+    check_demo_config(cfg, out)
+    check_demo_folder(out, overwrite)
+    with lock_folder(out):
+        return _run_stages(cfg, out, overwrite)
+
+
+def _run_stages(cfg, out: Path, overwrite: bool) -> Path:
     from gsdistill.models.text_encoder import TextEncoder
     from gsdistill.tuples.embed_stage import embed_shards
     from gsdistill.tuples.text_cache import fields_for
     from gsdistill.pipelines.demo_report import write_demo_report
 
-    out = Path(cfg.out_dir)
-    check_demo_config(cfg, out)
-    out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out)
     times, info, control_dir = {}, {}, None
     bar = tqdm(STAGES, desc="demo", unit="stage", position=0)
@@ -202,10 +228,10 @@ def run_demo(cfg) -> Path:
                 embed_shards(d, TextEncoder, str(pcfg.model.text_encoder), descriptor_format=pcfg.data.descriptor_format,
                              fields=fields_for(pcfg.objective.positives))
         elif stage == "pretrain":
-            run_dir = pretrain(cfg, train_dir, out)
+            run_dir = pretrain(cfg, train_dir, out, overwrite=overwrite)
         elif stage == "control":
             if cfg.control:
-                control_dir = pretrain(cfg, train_dir, out, "control", "model.freeze_backbone=true")
+                control_dir = pretrain(cfg, train_dir, out, "control", "model.freeze_backbone=true", overwrite=overwrite)
         elif stage == "detect":
             info["detect"] = detect(cfg, train_dir, eval_dir, run_dir / "backbone", out)
         elif stage == "detect budgets":  # few labels, few epochs (demo_budgets); nothing when none are asked
@@ -231,6 +257,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--size", default=None, help="experiment file of configs/demo/ (smoke, pdfs, pdfs_long, gpu; "
                    "default: pdfs with --pdfs, else none)")
     p.add_argument("--out", help="output folder (default runs/demo)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="run again in a folder holding an earlier demo (each stage replaces only what it wrote)")
     p.add_argument("overrides", nargs="*", help="key=value overrides of configs/demo/default.yaml")
     args = p.parse_args(argv)
     extra = [f"pdfs={args.pdfs}"] if args.pdfs else []
@@ -242,6 +270,6 @@ def main(argv: list[str]) -> int:
     cfg = load_config("demo", size, [*args.overrides, *extra])
     from gsdistill.threads import apply_threads
     apply_threads(cfg.threads, ultralytics=True)  # before any torch work; the detect stage runs in this process
-    report = run_demo(cfg)
+    report = run_demo(cfg, overwrite=args.overwrite)
     print(f"report: {report}")
     return 0

@@ -40,6 +40,10 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
+def rng_file(rank: int) -> str:
+    return f"rng-rank{rank}.pt"
+
+
 def step_of(path: Path) -> int | None:
     """The step of a ``step-N`` folder (None for anything else)."""
     m = re.fullmatch(r"step-(\d+)", Path(path).name)
@@ -67,7 +71,7 @@ def write_rng(folder: Path, rank: int) -> None:
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state()
-    torch.save(rng, folder / f"rng-rank{rank}.pt")
+    torch.save(rng, folder / rng_file(rank))
 
 
 def finalize(ckpt_root: Path, step: int, state: dict, cfg) -> Path:
@@ -111,8 +115,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     raise MissingFileError(f"{path}: no checkpoint found (expected {MODEL_FILE} or checkpoints/{LATEST})")
 
 
-def _check_safetensors(path: Path) -> None:
-    """Header and size of a safetensors file agree (a truncated copy fails), without loading it."""
+def _check_safetensors(path: Path) -> dict:
+    """Header and size of a safetensors file agree (a truncated copy fails), without loading it;
+    returns the header (``{name: {"dtype", "shape", "data_offsets"}}``)."""
     if not path.is_file():
         raise MissingFileError(f"{path}: missing")
     size = path.stat().st_size
@@ -130,6 +135,7 @@ def _check_safetensors(path: Path) -> None:
     end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     if size != 8 + n + end:
         raise CorruptFileError(f"{path}: truncated or padded ({size} bytes, its header says {8 + n + end})")
+    return header
 
 
 def verify(ckpt: Path) -> None:
@@ -229,23 +235,38 @@ def read_optimizer(ckpt: Path) -> dict:
     return _torch_load(Path(ckpt) / OPTIM_FILE)
 
 
+def read_rng(ckpt: Path, rank: int) -> dict:
+    return _torch_load(Path(ckpt) / rng_file(rank))
+
+
 def restore_rng(ckpt: Path, rank: int) -> None:
-    rng = _torch_load(Path(ckpt) / f"rng-rank{rank}.pt")
+    rng = read_rng(ckpt, rank)
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
 
 
-def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
-    """Strict load with a message naming the file when the architecture differs."""
-    own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    bad = [f"{k}: file {tuple(v.shape)} vs model {tuple(own[k].shape)}"
-           for k, v in state.items() if k in own and own[k].shape != v.shape]
+def _check_fit(model: torch.nn.Module, shapes: dict[str, tuple], source: Path) -> None:
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing, unexpected = sorted(set(own) - set(shapes)), sorted(set(shapes) - set(own))
+    bad = [f"{k}: file {shape} vs model {own[k]}" for k, shape in shapes.items() if k in own and own[k] != shape]
     if missing or unexpected or bad:
         raise InputError(f"{source}: does not fit the configured model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}, shape mismatches {bad[:5]}")
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
+    """Strict load with a message naming the file when the architecture differs."""
+    _check_fit(model, {k: tuple(v.shape) for k, v in state.items()}, source)
     model.load_state_dict(state)
+
+
+def check_model_fits(model: torch.nn.Module, ckpt: Path) -> None:
+    """``load_model_state``'s check from the file's header alone (nothing loaded): a resume whose
+    model does not fit is refused before any data is prepared."""
+    path = Path(ckpt) / MODEL_FILE
+    header = _check_safetensors(path)
+    _check_fit(model, {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}, path)
 
 
 def load_pretrained(path: str | os.PathLike, device: str | torch.device = "cpu"):

@@ -2,8 +2,15 @@
 
 CONFIG is an experiment file (a path, or a name in configs/pretrain/, e.g. ``mpcl_dual``); with
 none, the defaults pretrain a tiny ViT on synthetic pages. ``train.resume=RUN_DIR`` continues a run
-from its checkpoint's own config; CONFIG and key=value overrides apply on top (the run lists them). Multi-process: launch the same command
+from its checkpoint's own config; CONFIG and key=value overrides apply on top (the run lists them and
+records them in RUN_DIR/history.jsonl; a change to what a step is, e.g. optim.batch_size or model.*,
+needs train.resume_changes=allow). Multi-process: launch the same command
 with ``torchrun --nproc_per_node N -m gsdistill.cli pretrain ...`` (or ``deepspeed``).
+
+A run folder belongs to one run: ``--run-dir`` holding an earlier run is refused (resume it, or pick
+another folder) unless ``--overwrite``, which removes that run's files (checkpoints/, metrics.csv,
+tb/, plots/, backbone/, config.yaml, history.jsonl, data/, profile/) and nothing else. A second
+process writing the same folder is refused with the PID of the one that holds it.
 """
 from __future__ import annotations
 
@@ -17,6 +24,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("items", nargs="*", metavar="CONFIG|key=value",
                         help="optional experiment config first, then key=value overrides")
     parser.add_argument("--run-dir", default=None, help="exact run folder (default: train.run_dir/<timestamp>)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier run in --run-dir: remove the files a run writes there (never "
+                             "other files), then start afresh")
     # the deepspeed launcher appends --local_rank=N; the rank is read from LOCAL_RANK instead
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_intermixed_args(argv)  # options may come between the key=value items
@@ -34,6 +44,6 @@ def main(argv: list[str]) -> int:
     apply_threads(cfg.threads, int(cfg.data.num_workers))
 
     def run() -> int:
-        print(f"run dir: {run_pretraining(cfg, args.run_dir)}")
+        print(f"run dir: {run_pretraining(cfg, args.run_dir, overwrite=args.overwrite)}")
         return 0
     return run_training_command("gsdistill pretrain", run)

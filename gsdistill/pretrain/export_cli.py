@@ -5,8 +5,11 @@ student's, the default and what every pretraining run writes to ``RUN_DIR/backbo
 benchmark the teacher scored -0.7 [-2.2, +0.5] mAP@50 against the student: docs/learning.md).
 
 RUN_DIR may be a run dir (its latest checkpoint is used) or one checkpoint folder; a damaged
-checkpoint is an error naming the file and the newest intact checkpoint before it. OUT_DIR is
-loadable with ``gsdistill.models.backbone.load_backbone`` and buildable by ``timm.create_model``.
+checkpoint is an error naming the file and the newest intact checkpoint before it, a backbone with
+NaN/inf weights is not exported. OUT_DIR is loadable with ``gsdistill.models.backbone.load_backbone``
+and buildable by ``timm.create_model``; one that holds a backbone already is refused unless
+``--overwrite`` (which replaces backbone.safetensors and backbone.json only), and it is held while
+written: a second export into it is refused with the PID of the first.
 """
 from __future__ import annotations
 
@@ -21,18 +24,29 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out_dir", help="folder to write backbone.safetensors + backbone.json into")
     parser.add_argument("--weights", choices=("student", "teacher"), default="student",
                         help="which network's backbone: the student (default) or the EMA teacher")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the backbone OUT_DIR holds already (its two files, nothing else)")
     args = parser.parse_args(argv)
 
     from gsdistill.errors import GsdistillError
+    from gsdistill.models.backbone import META, WEIGHTS
+    from gsdistill.output_folder import OutputConflict, check_output_dir, lock_folder
     from gsdistill.pretrain import checkpoint
-    from gsdistill.pretrain.run import export_backbone
+    from gsdistill.pretrain.run import backbone_state, export_backbone
     ckpt = checkpoint.resolve_checkpoint(args.run_dir)
     try:  # a damaged checkpoint is named, with the intact one to export instead (never silently)
         checkpoint.verify(ckpt)
     except GsdistillError as e:
         raise type(e)(f"{e}{checkpoint.intact_hint(ckpt)}") from None
+    out = check_output_dir(args.out_dir, "OUT_DIR", [("checkpoint", ckpt)])
     cfg = checkpoint.read_config(ckpt)
-    out = export_backbone(checkpoint.read_model(ckpt), cfg, Path(args.out_dir), source=str(ckpt),
-                          weights=args.weights)
+    state = checkpoint.read_model(ckpt)
+    backbone_state(state, args.weights, str(ckpt))  # refused (NaN/inf, no teacher) before OUT_DIR is made
+    with lock_folder(out):
+        held = [n for n in (WEIGHTS, META) if (out / n).exists()]
+        if held and not args.overwrite:
+            raise OutputConflict(f"OUT_DIR {out}: holds a backbone already ({', '.join(held)}); choose another "
+                                 "folder, or pass --overwrite to replace it")
+        out = export_backbone(state, cfg, Path(out), source=str(ckpt), weights=args.weights)
     print(f"exported the {args.weights} backbone of {ckpt} -> {out}")
     return 0

@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from gsdistill.errors import InputError, TrainingDiverged, TrainingInterrupted
 from gsdistill.losses import validation
-from gsdistill.pretrain import checkpoint
+from gsdistill.pretrain import checkpoint, checkpoint_checks
 from gsdistill.pretrain.prefetch import DeviceFeed
 from gsdistill.pretrain.distributed import any_rank
 from gsdistill.pretrain.metrics_log import LOSS_TERMS
@@ -140,7 +140,9 @@ class Trainer:
         self.history: list[dict] = []  # every step's values (rank-averaged), for tests / benches
         self.host_syncs = 0  # fetches of device values by the loop itself (not counting the engine's)
         self._signal: int | None = None
+        self.signalled = False  # the last step saw a signal on some rank: checkpoint and stop
         self._weight_norm: float | None = None
+        self.run_info: dict = {}  # written into every checkpoint's state.json (e.g. the data it read)
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, metrics: dict | None = None) -> Path:
@@ -153,7 +155,7 @@ class Trainer:
         self.own_checkpoints = [p for p in self.own_checkpoints if p != final] + [final]
         if self.rank == 0:
             state = {"step": self.step, "data_position": self.feed.position, "world_size": self.world,
-                     "metrics": metrics or {}, "engine": self.plan.engine}
+                     "metrics": metrics or {}, "engine": self.plan.engine, **self.run_info}
             checkpoint.finalize(self.ckpt_root, self.step, state, self.cfg)
             self.own_checkpoints = checkpoint.prune(self.own_checkpoints, self.plan.keep_checkpoints)
         if self.world > 1:
@@ -163,7 +165,8 @@ class Trainer:
 
     def resume(self, path: str | Path) -> None:
         """Continue from ``path`` (a run dir, ``checkpoints/`` dir or checkpoint folder); a damaged
-        newest checkpoint of a run dir is skipped for the newest intact one, with a message."""
+        newest checkpoint of a run dir is skipped for the newest intact one, with a message. Every
+        part is checked against this run's engine before any is loaded (one line naming the file)."""
         ckpt, notes = checkpoint.find_resumable(path)
         if notes and self.rank == 0:
             print(f"[{self.plan.name}] resume: {'; '.join(notes)}; resuming from the newest intact checkpoint "
@@ -172,6 +175,7 @@ class Trainer:
         if state.get("world_size", 1) != self.world:
             raise InputError(f"{ckpt}: written by {state.get('world_size')} ranks, resuming with {self.world} "
                              "would change the data split; resume with the same number of processes")
+        checkpoint_checks.check_parts(ckpt, state, self.engine, self.rank)
         self.engine.load(ckpt)
         checkpoint.restore_rng(ckpt, self.rank)
         self.feed.restore(state["data_position"])
@@ -307,10 +311,7 @@ class Trainer:
                       step_s=time.perf_counter() - t0, **({"peak_mem_gb": peak_memory_gb(self.device)}
                                                           if p.log_memory else {}))
         self.history.append({"step": self.step, **values})
-        if signalled:
-            path = self.save(values)
-            raise TrainingInterrupted(f"stopped by signal at step {self.step}; checkpoint {path}; "
-                                      f"continue with train.resume={self.run_dir}")
+        self.signalled = signalled
         return values
 
     def fit(self) -> Path:
@@ -325,11 +326,16 @@ class Trainer:
         try:
             while self.step < end:
                 values = self._one_step()
-                if log is not None and (self.step % p.log_every == 0 or self.step == end):
+                # a signal stops at this step with a checkpoint: its row is logged like the last one's
+                if log is not None and (self.step % p.log_every == 0 or self.step == end or self.signalled):
                     with record_function("gsdistill.log"):
                         log.log(self.step, values)
                 bar.update(1)
                 bar.set_postfix(loss=f"{values['total']:.3f}", gn=f"{values['grad_norm']:.2f}")
+                if self.signalled:
+                    path = self.save(values)
+                    raise TrainingInterrupted(f"stopped by signal at step {self.step}; checkpoint {path}; "
+                                              f"continue with train.resume={self.run_dir}")
                 periodic = p.ckpt_every > 0 and self.step % p.ckpt_every == 0
                 if periodic or (self.step == end and (p.save_at_end or end < p.steps)):
                     self.save(values)
@@ -338,10 +344,12 @@ class Trainer:
             profiler.close()
             validation.set_checks(checks_before)
             bar.close()
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
             if log is not None:
                 log.close()
+            # last: a second Ctrl-C while closing only sets the flag again (no KeyboardInterrupt
+            # traceback out of the progress bar or TensorBoard's writer)
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
         if self.rank == 0 and p.plots and (self.run_dir / "metrics.csv").is_file():
             plot_training(self.run_dir / "metrics.csv", self.run_dir / "plots", p.plot_terms)
         return self.run_dir
