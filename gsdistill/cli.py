@@ -13,7 +13,8 @@ import sys
 
 # sub-command -> (module, one-line help)
 STAGES: dict[str, tuple[str, str]] = {
-    "tuples": ("gsdistill.tuples.cli", "build page-tuple shards (pdf, images, coco, docbank, synthetic), embed their texts"),
+    # gsdistill.tuples.cli parses it and builds; gsdistill.embed.cli hands the text encoder in for `embed`
+    "tuples": ("gsdistill.embed.cli", "build page-tuple shards (pdf, images, coco, docbank, synthetic), embed their texts"),
     "pretrain": ("gsdistill.pretrain.cli", "pretrain a ViT with the GSDistill objective (DeepSpeed or plain PyTorch)"),
     "export": ("gsdistill.pretrain.export_cli", "export a pretrained backbone as safetensors + config"),
     "detect": ("gsdistill.detect.cli", "YOLOv10 layout detection on the frozen backbone: export, train, val, predict"),

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from gsdistill.config import load_config
-from gsdistill.tuples import build
+from gsdistill.tuples import build_inputs
 from gsdistill.tuples.build import build_shards
 from gsdistill.tuples.images import to_rgb
 from gsdistill.tuples.shards import read_pages
@@ -104,7 +104,7 @@ def test_pdf_folder_keeps_good_pages_and_reports_bad_ones(tmp_path):
 
 
 def test_image_folder_converts_modes_and_reports_unreadable(tmp_path, monkeypatch):
-    monkeypatch.setattr(build, "ocr_function", lambda c: fake_ocr)
+    monkeypatch.setattr(build_inputs, "ocr_function", lambda c: fake_ocr)
     src = tmp_path / "scans"
     src.mkdir()
     ramp = np.tile(np.linspace(0, 1, 64), (48, 1))
@@ -140,7 +140,7 @@ def test_to_rgb_scales_16_bit_and_float():
 
 
 def test_coco_missing_images_unknown_classes_and_boxes_outside(tmp_path, monkeypatch):
-    monkeypatch.setattr(build, "ocr_function", lambda c: fake_ocr)
+    monkeypatch.setattr(build_inputs, "ocr_function", lambda c: fake_ocr)
     root = tmp_path / "coco"
     (root / "images").mkdir(parents=True)
     for name in ("a.png", "b.png"):

@@ -7,7 +7,7 @@ import numpy as np
 import yaml
 
 from gsdistill.cli import main as gsdistill
-from gsdistill.tuples.cli import main
+from gsdistill.embed.cli import main  # the `gsdistill tuples` command (embed included)
 from gsdistill.tuples.shards import read_pages
 from gsdistill.tuples.text_cache import open_embeddings
 

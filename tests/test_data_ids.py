@@ -6,7 +6,7 @@ import numpy as np
 from PIL import Image
 
 from gsdistill.config import load_config
-from gsdistill.tuples import build
+from gsdistill.tuples import build_inputs
 from gsdistill.tuples.build import build_shards
 from gsdistill.tuples.errors import SkipLog, reason_key
 from gsdistill.tuples.shard_writer import sample_key
@@ -31,7 +31,7 @@ def test_pdfs_with_colliding_stems_all_become_pages(tmp_path):
 
 
 def test_images_with_the_same_stem_all_become_pages(tmp_path, monkeypatch):
-    monkeypatch.setattr(build, "ocr_function", lambda c: fake_ocr)
+    monkeypatch.setattr(build_inputs, "ocr_function", lambda c: fake_ocr)
     src = tmp_path / "scans"
     src.mkdir()
     ramp = (np.tile(np.linspace(0, 1, 64), (48, 1)) * 255).astype(np.uint8)

@@ -34,9 +34,10 @@ def test_crafted_pt_is_refused_and_its_payload_never_runs(tmp_path):
     marker = tmp_path / "payload_ran"
     evil = tmp_path / "evil.pt"
     torch.save({"model": _Payload(marker), "train_args": {}}, evil)
-    (tmp_path / "page.png").write_bytes(b"")  # never read: loading fails first
-    res = subprocess.run([sys.executable, "-m", "gsdistill.cli", "detect", "predict", str(evil), str(tmp_path),
-                          f"predict.out={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120,
+    (tmp_path / "pages").mkdir()  # a source folder beside predict.out, not holding it
+    (tmp_path / "pages" / "page.png").write_bytes(b"")  # never read: loading fails first
+    res = subprocess.run([sys.executable, "-m", "gsdistill.cli", "detect", "predict", str(evil),
+                          str(tmp_path / "pages"), f"predict.out={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "YOLO_OFFLINE": "1"})
     assert not marker.exists(), "the pickle payload ran"
     assert res.returncode == 2 and "evil.pt: refused to load" in res.stderr and "system" in res.stderr

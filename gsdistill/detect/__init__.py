@@ -1,14 +1,17 @@
 """Layout detection on the frozen backbone (paper 003 §6.1): Ultralytics YOLOv10 head-only fine-tuning.
 
 - ``modules``: the ViT and simple-feature-pyramid layers, registered with Ultralytics; model YAML.
-- ``convert`` / ``coco_convert``: page tuples / COCO json / official releases -> Ultralytics layout + COCO sidecar.
+- ``convert`` / ``coco_convert``: page tuples / COCO json / official releases -> Ultralytics layout + COCO sidecar,
+  both through the folder writer of ``yolo_folder``.
 - ``coco_checks`` / ``convert_output``: COCO entries checked before a label is written; the convert folder
   checked against its inputs and other conversions, locked while written.
 - ``checks``: data checks with clear errors before training.
 - ``run_folder`` / ``finite``: a new locked folder per train run; NaN/inf weights and losses refused.
-- ``pipeline``: ``build_detector``, ``export_detector``, ``train_head``, ``validate``.
+- ``pipeline``: ``build_detector``, ``export_detector``, ``train_head``, ``validate``; ``device_string``: the
+  Ultralytics device of the ``device`` key (train, val and predict).
 - ``evaluate``: Ultralytics mAP + pycocotools COCOeval from the same predictions.
-- ``predict``: JSON + drawn PNG per page of a PDF / image / folder.
+- ``predict`` / ``predict_output``: JSON + drawn PNG per page of a PDF / image / folder; unique page names,
+  earlier predictions of other data refused unless overwrite.
 - ``compare``: same head, same budget, same held-out pages for pretrained / random / stock YOLOv10n.
 - ``safe_load``: ``.pt`` files loaded weights_only (a ``.pt`` is a pickle: code).
 - ``cli``: ``gsdistill detect {convert,export,train,val,predict}``.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from gsdistill.detect.convert import IMAGE_SUFFIXES, DatasetError
+from gsdistill.detect.yolo_folder import IMAGE_SUFFIXES, DatasetError
 from gsdistill.detect.image_check import DecodedImages
 
 

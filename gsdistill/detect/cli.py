@@ -71,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("data_yaml")
             s.add_argument("--coco-json", help="score against this COCO json (default: the converter's sidecar)")
         if name == "predict":
-            s.add_argument("source", help="a .pdf, an image, or a folder of them")
+            s.add_argument("source", help="a .pdf, an image, or a folder of them (sub-folders kept in the page names)")
+            s.add_argument("--overwrite", action="store_true", help="replace predictions of another source or other "
+                           "weights in predict.out (removes only the page .json/.png files predict wrote there)")
         s.add_argument("--config", help="experiment file in configs/detect/ (or a path)")
         s.add_argument("overrides", nargs="*", help="key=value config overrides")
     return p
@@ -164,7 +166,7 @@ def main(argv: list[str]) -> int:
             print(format_report(report))
         else:
             from gsdistill.detect.predict import predict
-            out = predict(args.weights, args.source, cfg.predict.out, cfg)
+            out = predict(args.weights, args.source, cfg.predict.out, cfg, overwrite=args.overwrite)
             print(f"{len(out)} pages -> {cfg.predict.out}/ (<page>.json, <page>.png)")
     except ConfigError:
         raise  # reported by gsdistill.cli with exit code 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from gsdistill.detect.convert import DatasetError
+from gsdistill.detect.yolo_folder import DatasetError
 
 
 def _number(v) -> bool:

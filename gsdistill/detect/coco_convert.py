@@ -1,6 +1,6 @@
 """COCO detection jsons (any COCO file, the DocLayNet and PubLayNet releases) -> the Ultralytics layout.
 
-Uses the shared writer of :mod:`gsdistill.detect.convert` (labels, image links, ``manifest.json``,
+Uses the shared writer of :mod:`gsdistill.detect.yolo_folder` (labels, image links, ``manifest.json``,
 ``coco_eval.json``). pycocotools later scores against ``coco/<split>.json``: the boxes the labels
 hold (clipped to the image, dropped ones left out), with the source json's image and category ids.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gsdistill.tuples.labels import DOCLAYNET_CLASSES, PUBLAYNET_CLASSES
 from gsdistill.detect.coco_checks import annotation_box, annotation_what, category_classes, image_table, size_mismatch
-from gsdistill.detect.convert import SPLITS, DatasetError, _class_index, _Writer, assign_splits, clip_box, yolo_line
+from gsdistill.detect.yolo_folder import SPLITS, DatasetError, _class_index, _Writer, assign_splits, clip_box, yolo_line
 from gsdistill.detect.convert_output import claim, conversion_output
 
 

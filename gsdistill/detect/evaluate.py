@@ -21,6 +21,8 @@ from ultralytics.models.yolo.detect import DetectionValidator  # noqa: E402
 from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml  # noqa: E402
 from gsdistill.detect.modules import BACKBONE_LAYER  # noqa: E402
 from gsdistill.detect.safe_load import load_yolo  # noqa: E402
+from gsdistill.output_folder import check_output_dir, lock_folder  # noqa: E402
+from gsdistill.tuples.shard_folder import removed_if_left_empty  # noqa: E402
 
 
 def checkpoint_imgsz(model, explicit: int | None, fallback: int) -> int:
@@ -132,24 +134,49 @@ def validate(weights: str | Path, data_yaml: str | Path, coco_json: str | Path |
     "coco_AP50-95"}}``), ``params_total``, ``params_trainable``, ``imgsz`` (``val.imgsz``, else the
     checkpoint's training size), ``weights``, ``save_dir`` (``<project>/<run>_<stem>_<hash of the weights
     path>_val``), ``images_skipped`` and ``skipped_images`` (images that do not decode: left out of
-    both scorers). The report is also written to ``<save_dir>/report.json``.
+    both scorers). The report is also written to ``<save_dir>/report.json``. ``save_dir`` is checked
+    against the inputs (the weights, data YAML, evaluated split and COCO json) before anything is read,
+    and locked while it is written.
     """
     from gsdistill.config import load_config
-    from gsdistill.detect.checks import readable_data_yaml, skipped_images, split_dir
-    from gsdistill.detect.pipeline import resolve_device
 
     cfg = cfg or load_config("detect")
     data_yaml = Path(data_yaml)
     data = read_data_yaml(data_yaml)
     split = str(cfg.val.split)
+    save_dir = Path(cfg.project).resolve() / val_dir_name(weights)
+    # before the data is checked or the model loaded: the report folder is no input, nor in or around one
+    check_output_dir(save_dir, "project (val report folder)", inputs=val_inputs(weights, data_yaml, data, split,
+                                                                                coco_json))
     checked = check_yolo_dataset(data_yaml, splits=(split,), allow_empty_labels=bool(cfg.data_check.allow_empty_labels))
-    skipped = skipped_images(checked)
     model = load_yolo(weights, safe=bool(cfg.safe_load))
+    # a second val of the same weights into the same folder: refused with the holder's PID; a val that
+    # fails before writing leaves no empty folder behind
+    with removed_if_left_empty(save_dir, save_dir.parent), lock_folder(save_dir):
+        return _validate(model, weights, data_yaml, data, split, checked, coco_json, cfg, save_dir)
+
+
+def val_inputs(weights, data_yaml: Path, data: dict, split: str, coco_json) -> list[tuple[str, Path]]:
+    """What ``val`` reads, which its report folder must neither be, lie in nor hold."""
+    from gsdistill.detect.checks import split_dir
+    inputs = [("weights", Path(weights)), ("data", data_yaml)]
+    if isinstance(data.get(split), str):
+        inputs.append((f"data {split} split", split_dir(data_yaml, data, split)))
+    if coco_json is not None:
+        inputs.append(("--coco-json", Path(coco_json)))
+    return inputs
+
+
+def _validate(model, weights, data_yaml: Path, data: dict, split: str, checked: dict, coco_json, cfg,
+              save_dir: Path) -> dict:
+    from gsdistill.detect.checks import readable_data_yaml, skipped_images, split_dir
+    from gsdistill.detect.device_string import resolve_device
+
     train_args = (model.ckpt or {}).get("train_args") or {}
     frozen = bool(train_args.get("freeze")) if train_args else bool(cfg.frozen)
     imgsz = checkpoint_imgsz(model, cfg.val.imgsz, cfg.imgsz)
-    save_dir = Path(cfg.project).resolve() / val_dir_name(weights)
     (save_dir / "predictions.json").unlink(missing_ok=True)  # never score a previous run's boxes
+    skipped = skipped_images(checked)
     readable = readable_data_yaml(data_yaml, checked, save_dir / "data")
     metrics = model.val(validator=PredictionRecordingValidator, data=str(readable), split=split,
                         imgsz=imgsz, batch=cfg.batch, conf=cfg.val.conf, iou=cfg.val.iou,

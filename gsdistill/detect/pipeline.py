@@ -21,9 +21,9 @@ from omegaconf import DictConfig  # noqa: E402
 from ultralytics import YOLO  # noqa: E402
 
 from gsdistill.config import save_config, to_dict  # noqa: E402
-from gsdistill.device import resolve_device as torch_device  # noqa: E402
 from gsdistill.detect.backbone_folder import read_backbone_folder  # noqa: E402
 from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml, readable_data_yaml, skipped_images  # noqa: E402
+from gsdistill.detect.device_string import resolve_device  # noqa: E402  (also public here)
 from gsdistill.detect.evaluate import param_counts, validate  # noqa: E402,F401  (validate: public entry point)
 from gsdistill.detect.finite import add_divergence_guard, check_finite_backbone  # noqa: E402
 from gsdistill.detect.repeat_factor import repeat_factor_data  # noqa: E402
@@ -34,15 +34,6 @@ from gsdistill.detect.modules import BACKBONE_LAYER, detector_yaml  # noqa: E402
 from gsdistill.models.backbone import backbone_kwargs, create_backbone, load_backbone  # noqa: E402
 from gsdistill.output_folder import OutputConflict, check_output_dir, lock_folder  # noqa: E402
 from gsdistill.pretrain.config_checks import check_backbone  # noqa: E402
-
-
-def resolve_device(device: str | None) -> str:
-    """Ultralytics device string of ``device``: CUDA indices (``"0"``, ``"0,1"``) as given; any other
-    name through :func:`gsdistill.device.resolve_device` (null/auto: CUDA 0 when present, else cpu)."""
-    if device not in (None, "") and all(p.strip().isdigit() for p in str(device).split(",")):
-        return str(device)
-    d = torch_device(device)
-    return d.type if d.type in ("cpu", "mps") else str(d.index)
 
 
 def _backbone(backbone_dir: str | Path | None, cfg: DictConfig) -> tuple[str, dict, torch.nn.Module]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from gsdistill.detect.checks import data_root, label_path, split_dir
-from gsdistill.detect.convert import IMAGE_SUFFIXES, DatasetError, _link
+from gsdistill.detect.yolo_folder import IMAGE_SUFFIXES, DatasetError, _link
 
 
 def split_images(data_yaml: str | Path, data: dict, split: str) -> list[Path]:

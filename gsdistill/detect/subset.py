@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from gsdistill.detect.convert import IMAGE_SUFFIXES, DatasetError, _link
+from gsdistill.detect.yolo_folder import IMAGE_SUFFIXES, DatasetError, _link
 
 
 def subset_data(data_yaml: str | Path, fraction: float, seed: int, out: str | Path) -> Path:

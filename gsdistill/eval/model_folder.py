@@ -9,14 +9,15 @@ from pathlib import Path
 from gsdistill.errors import InputError
 
 NEEDS = "eval retrieval takes a 'gsdistill pretrain' run folder or one of its checkpoints"
+# the file a saved text retriever holds (gsdistill.retriever.model.CONFIG_NAME); spelled out here since
+# the retriever sits above this package (it scores with eval's index and metrics); a test keeps them equal
+RETRIEVER_CONFIG = "dual_encoder.json"
 
 
 def _retriever_marker(folder: Path, cfg: dict) -> str | None:
-    from gsdistill.retriever.model import CONFIG_NAME  # dual_encoder.json
-
     for cand in (folder, folder / "model"):  # the model folder, or the run dir holding it
-        if (cand / CONFIG_NAME).is_file():
-            return str(cand / CONFIG_NAME)
+        if (cand / RETRIEVER_CONFIG).is_file():
+            return str(cand / RETRIEVER_CONFIG)
     model = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
     if "encoder" in model and "backbone" not in model:  # a retriever's saved config (run or checkpoint)
         return "its config.yaml has model.encoder, no model.backbone"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gsdistill.config import load_config
 from gsdistill.tuples.build import _doc_id, input_files, per_file, write_skips_csv
-from gsdistill.tuples.build_units import file_sha256
+from gsdistill.tuples.build_inputs import file_sha256
 from gsdistill.tuples.errors import DataError, SkipLog
 from gsdistill.tuples.pdf import pdf_pages
 from gsdistill.tuples.shards import read_manifest, write_shards

@@ -16,7 +16,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Iterator
@@ -26,28 +25,14 @@ from omegaconf import DictConfig
 from gsdistill.threads import available_cores
 from gsdistill.tuples.build_units import build_unit
 from gsdistill.tuples.errors import DataError
-from gsdistill.tuples.worker_guard import exit_with_parent
+from gsdistill.tuples.worker_guard import single_threaded, start_pool_worker  # noqa: F401 (also public here)
 
 ENGINES = ("local", "ray")
-
-
-def single_threaded() -> None:
-    """One thread per worker: the workers already fill the cores (torch, OpenMP, Tesseract)."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
 
 
 def build_unit_single_threaded(job: dict) -> dict:
     single_threaded()
     return build_unit(job)
-
-
-def start_pool_worker(parent_pid: int) -> None:
-    """A pool worker's initializer: single-threaded, and ended with the build's main process (a
-    killed build leaves no worker behind; its next run resumes)."""
-    exit_with_parent(parent_pid)
-    single_threaded()
 
 
 def run_local(jobs: list[dict], workers: int) -> Iterator[dict]:

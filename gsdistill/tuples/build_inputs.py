@@ -2,6 +2,7 @@
 each file with its failures recorded, document ids, the OCR function of a config."""
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -87,7 +88,6 @@ def same_files(files: list[Path], skips: SkipLog) -> list[Path]:
     recorded skip "same file: as X". Only files that share their size with another are read (sha256)."""
     from collections import defaultdict
 
-    from gsdistill.tuples.build_units import file_sha256
     by_size = defaultdict(list)
     for f in files:
         by_size[f.stat().st_size].append(f)
@@ -116,6 +116,14 @@ def per_file(files: Iterable, make: Callable[..., Iterator[dict]], skips: SkipLo
             skips.add(name(f), str(e).replace(f"{name(f)}: ", "", 1))
         except Exception as e:  # a library failing on odd input: recorded, the other files go on
             skips.add(name(f), f"failed: {type(e).__name__}: {e}")
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def ocr_function(cfg: DictConfig):

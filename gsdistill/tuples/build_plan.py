@@ -96,7 +96,7 @@ def _pdf_page_counts(files: list[Path], max_page_count: int, workers: int | None
     from functools import partial
 
     from gsdistill.threads import available_cores
-    from gsdistill.tuples.build_engines import start_pool_worker
+    from gsdistill.tuples.worker_guard import start_pool_worker
     count = partial(_pdf_page_count, max_page_count=max_page_count)
     workers = min(int(workers) if workers else available_cores(), available_cores())
     if workers <= 1 or len(files) < 64:  # a pool costs more than it saves on a few files

@@ -10,7 +10,6 @@ without a record, which the next run rebuilds.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -21,7 +20,8 @@ from typing import Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
-from gsdistill.tuples.build_inputs import per_file
+from gsdistill.tuples import build_inputs
+from gsdistill.tuples.build_inputs import file_sha256, per_file
 from gsdistill.tuples.build_plan import Piece
 from gsdistill.tuples.errors import SkipLog, writing
 from gsdistill.tuples.shard_writer import PageStats, _add, accept_page, page_members, sample_key
@@ -35,14 +35,6 @@ def shard_name(unit: int) -> str:
 
 def record_path(out: Path, unit: int) -> Path:
     return out / UNITS_DIR / f"unit-{unit:06d}.json"
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -93,8 +85,8 @@ def build_unit(job: dict) -> dict:
     cfg = OmegaConf.create(job["cfg"])
     b = cfg.build
     pieces = [Piece(**p) for p in job["pieces"]]
-    from gsdistill.tuples import build  # its public home: a replaced OCR function reaches forked workers too
-    ocr = build.ocr_function(cfg) if kind in ("images", "coco") or (kind == "pdf" and cfg.pdf.ocr_empty_pages) else None
+    # looked up on its module at call time: a replaced OCR function reaches forked workers too
+    ocr = build_inputs.ocr_function(cfg) if kind in ("images", "coco") or (kind == "pdf" and cfg.pdf.ocr_empty_pages) else None
     skips, seen, stats, page_ids = SkipLog(), set(), PageStats(), []
     shard = out / shard_name(unit)
     tmp = shard.with_name(f"{shard.name}.{os.getpid()}.tmp")

@@ -13,6 +13,9 @@ The resolved config is saved as ``DIR/config.yaml``; skipped inputs go to the ma
 verified and kept (``gsdistill.tuples.build``); a ``--out`` holding another output is refused
 unless ``--overwrite``. ``build`` and ``embed`` hold their folder's lock: a second writer gets one
 line naming the first one's PID.
+
+``embed`` runs the text encoder (``gsdistill.models``, a layer above the data): its handler lives in
+:mod:`gsdistill.embed.cli`, which is what ``gsdistill tuples`` runs; this module parses all three.
 """
 from __future__ import annotations
 
@@ -111,67 +114,6 @@ def _build(args) -> int:
     return 0
 
 
-def check_encoder(name: str) -> None:
-    """One line, before any shard is read, for an encoder that cannot load: a folder that is not a
-    saved Hugging Face model (no config.json), a path that does not exist, or a name that is neither
-    a local folder nor in the offline Hugging Face cache (nothing is downloaded)."""
-    from gsdistill.models.text_encoder import resolve_encoder
-    try:
-        path = Path(resolve_encoder(name)).expanduser()
-    except RuntimeError as e:  # the default encoder's package is missing
-        raise InputError(f"--encoder {name}: {e}") from None
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            held = sorted(p.name for p in path.iterdir())
-            listed = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "") or "nothing"
-            raise InputError(f"--encoder {name}: folder without config.json (it holds {listed}): not a saved "
-                             "Hugging Face model; give a model folder (config.json, tokenizer, weights) or a "
-                             "model name")
-        return
-    if path.exists():
-        raise InputError(f"--encoder {name}: a file, not a model folder; give a folder with config.json or a "
-                         "model name")
-    looks_like_path = str(name).startswith((".", "/", "~")) or str(name).count("/") > 1
-    if not looks_like_path:
-        from huggingface_hub import try_to_load_from_cache
-        from huggingface_hub.constants import HF_HUB_CACHE
-        try:
-            cached = try_to_load_from_cache(str(name), "config.json")
-        except Exception:  # an invalid repo id: not in any cache
-            cached = None
-        if isinstance(cached, str):
-            return
-        raise InputError(f"--encoder {name}: not a local folder and not in the offline Hugging Face cache "
-                         f"({HF_HUB_CACHE}); give a model folder, or download it once "
-                         f"(huggingface-cli download {name})")
-    raise InputError(f"--encoder {name}: no such folder; give a model folder (config.json, tokenizer, weights)")
-
-
-def _embed(args) -> int:
-    from gsdistill.models.text_encoder import DEFAULT_ENCODER, TextEncoder
-    from gsdistill.output_folder import lock_folder
-    from gsdistill.tuples.embed_stage import embed_shards
-    from gsdistill.tuples.shards import read_manifest
-    from gsdistill.tuples.text_cache import fields_for
-    cfg = _config(args)
-    e = cfg.embed
-    name = e.encoder or DEFAULT_ENCODER
-    check_encoder(name)
-    read_manifest(args.shard_dir)  # a shard folder, before the lock would create a missing one
-    with lock_folder(args.shard_dir):  # one writer of embeddings/ at a time (a build of the folder included)
-        r = embed_shards(args.shard_dir, TextEncoder, name, batch_size=int(e.batch_size), max_spans=e.max_spans,
-                         force=args.force, device=e.device, descriptor_format=e.descriptor_format,
-                         fields=fields_for(str(e.positives)), workers=int(e.workers),
-                         precision=str(e.precision))
-    if r.reused:
-        print(f"embeddings of {args.shard_dir} are current ({name})")
-    else:
-        print(f"{r.pages} pages, {r.texts} texts, {r.encoded} encoded ({r.repeat_share:.1%} repeats) with {name} "
-              f"-> {Path(args.shard_dir) / 'embeddings'} [{r.seconds:.1f} s, {r.pages / max(r.seconds, 1e-9):.2f} pages/s, "
-              f"{r.texts / max(r.seconds, 1e-9):.1f} texts/s]")
-    return 0
-
-
 def _info(args) -> int:
     from gsdistill.tuples.shards import read_manifest
     from gsdistill.tuples.text_cache import cached_fields, read_meta
@@ -187,7 +129,14 @@ def _info(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _needs_encoder(args) -> int:
+    raise InputError("tuples embed runs the text encoder, which this data package does not import: run "
+                     "'gsdistill tuples embed' (gsdistill.embed.cli.main)")
+
+
+def main(argv: list[str] | None = None, embed=None) -> int:
+    """``build`` and ``info`` here; ``embed`` by the handler :mod:`gsdistill.embed.cli` hands in (it
+    imports the text encoder, which lies above this package)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # key=value overrides may sit anywhere among the flags; argparse cannot interleave them with
     # sub-command positionals, so they are taken out first
@@ -196,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = overrides
     from gsdistill.config import ConfigError
     try:
-        return {"build": _build, "embed": _embed, "info": _info}[args.cmd](args)
+        return {"build": _build, "embed": embed or _needs_encoder, "info": _info}[args.cmd](args)
     except GsdistillError as e:  # bad input or config: one line naming the file or key, exit code 2 as every stage
         kind = "config error" if isinstance(e, ConfigError) else "error"
         print(f"gsdistill tuples {args.cmd}: {kind}: {' '.join(str(e).split())}", file=sys.stderr)

@@ -51,3 +51,17 @@ def exit_with_parent(parent_pid: int, kernel_signal: bool = True) -> None:
     if os.getppid() != parent_pid:  # the parent died before the signal was set up
         os._exit(1)
     threading.Thread(target=_watch, args=(parent_pid,), name="parent-watch", daemon=True).start()
+
+
+def single_threaded() -> None:
+    """One thread per worker: the workers already fill the cores (torch, OpenMP, Tesseract)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
+
+def start_pool_worker(parent_pid: int) -> None:
+    """A pool worker's initializer: single-threaded, and ended with the build's main process (a
+    killed build leaves no worker behind; its next run resumes)."""
+    exit_with_parent(parent_pid)
+    single_threaded()

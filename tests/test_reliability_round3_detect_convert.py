@@ -1,31 +1,22 @@
-"""Issue 55 (detection): nothing a user owns is deleted, overwritten or mixed without their word.
+"""Issue 55 (detection), conversion: nothing a user owns is deleted, overwritten or mixed without their word.
 
 1. every COCO annotation is checked against what it annotates: refused (naming json + annotation) or
    a recorded skip counted on the console, never a different label;
-2. ``detect convert`` outputs are checked against its inputs and against a conversion of other data;
-3. detection folders are locked, and a train run never writes over an earlier one;
-4. a NaN backbone is refused, and a NaN loss stops training without a checkpoint from it.
+2. ``detect convert`` outputs are checked against its inputs and against a conversion of other data,
+   and locked while written.
+(Run folders, val / predict folders and non-finite weights: ``test_reliability_round3_detect_runs.py``.)
 """
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 from PIL import Image
 
+from folder_fixtures import hold, tree
 from gsdistill.cli import main
-from gsdistill.detect.convert import pages_to_yolo
-from gsdistill.models.backbone import create_backbone, save_backbone
-from gsdistill.tuples.synthetic import generate_pages
-
-TINY = {"name": "vit_tiny_patch16_224", "depth": 1, "embed_dim": 32, "num_heads": 2}
-FAST = ["--config", "cpu_smoke", "imgsz=64", "adapter_channels=16", "random_backbone.depth=1",
-        "random_backbone.embed_dim=32", "random_backbone.num_heads=2", "val_during_training=false"]
 
 
 def _coco(tmp: Path, anns: list[dict], cats: list[dict] | None = None, name: str = "ann.json") -> Path:
@@ -47,10 +38,6 @@ def _coco(tmp: Path, anns: list[dict], cats: list[dict] | None = None, name: str
 def _convert(js: Path, out: Path, *extra: str) -> int:
     return main(["detect", "convert", "--coco", str(js), "--images", str(js.parent / "imgs"), "--names", "publaynet",
                  "--out", str(out), *extra])
-
-
-def _tree(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 # --- 1. labels are what the json says, or refused / counted ---------------------------------------
@@ -130,11 +117,11 @@ def _shards(tmp_path: Path) -> Path:
 
 def test_convert_out_being_or_inside_its_input_is_refused_before_a_byte_is_written(tmp_path, capsys):
     shards = _shards(tmp_path)
-    before = _tree(shards)
+    before = tree(shards)
     for out in (shards, shards / "det"):
         assert main(["detect", "convert", "--shards", str(shards), "--out", str(out)]) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
-    assert _tree(shards) == before and not (shards / "det").exists()
+    assert tree(shards) == before and not (shards / "det").exists()
     js = _coco(tmp_path, [])
     assert _convert(js, tmp_path / "imgs" / "yolo") == 2  # inside --images
     assert _convert(js, tmp_path) == 2  # holding --images and --coco
@@ -147,11 +134,11 @@ def test_a_conversion_of_other_data_is_refused_unless_overwrite(tmp_path, capsys
     out = tmp_path / "out"
     assert _convert(first, out, "--split", "train") == 0
     (out / "NOTES.txt").write_text("mine")
-    before = _tree(out)
+    before = tree(out)
     assert _convert(second, out, "--split", "train") == 2  # another json into the same split
     assert _convert(second, out) == 2  # a whole-folder conversion beside it
     assert main(["detect", "convert", "--synthetic", "4", "--out", str(out)]) == 2
-    assert _tree(out) == before  # untouched
+    assert tree(out) == before  # untouched
     capsys.readouterr()
     assert _convert(first, out, "--split", "train") == 0  # the same data again: fine
     assert _convert(second, out, "--split", "val") == 0  # another split: the documented one-json-per-split
@@ -171,22 +158,13 @@ def test_a_folder_that_is_no_conversion_is_never_written_into(tmp_path):
     (out / "labels" / "notes.txt").write_text("mine")
     for extra in ((), ("--overwrite",)):
         assert _convert(js, out, *extra) == 2
-    assert _tree(out) == {"labels/notes.txt": b"mine"}
-
-
-def _hold(folder: Path) -> subprocess.Popen:
-    """A second process holding ``folder``'s lock until killed."""
-    code = ("import sys, time; from gsdistill.output_folder import lock_folder\n"
-            "with lock_folder(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
+    assert tree(out) == {"labels/notes.txt": b"mine"}
 
 
 def test_a_second_writer_of_a_conversion_gets_the_holders_pid(tmp_path, capsys):
     js = _coco(tmp_path, [])
     out = tmp_path / "out"
-    holder = _hold(out)
+    holder = hold(out)
     try:
         assert _convert(js, out) == 2
         assert f"PID {holder.pid}" in capsys.readouterr().err
@@ -195,137 +173,3 @@ def test_a_second_writer_of_a_conversion_gets_the_holders_pid(tmp_path, capsys):
         holder.kill()
         holder.wait()
     assert _convert(js, out) == 0  # the lock of a dead process is taken over
-
-
-# --- 3. train / export folders ---------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trained")
-    data = pages_to_yolo(generate_pages(8, seed=3, width=200, height=256), root / "det", val_fraction=0.25)
-    runs = root / "runs"
-    assert main(["detect", "train", *FAST, f"data={data}", f"project={runs}"]) == 0
-    return data, runs
-
-
-def test_training_again_under_an_existing_run_name_keeps_the_earlier_run(trained, capsys):
-    data, runs = trained
-    first = runs / "head_only"
-    before = {n: (first / n).read_bytes() for n in ("weights/best.pt", "weights/last.pt", "results.csv")}
-    capsys.readouterr()
-    assert main(["detect", "train", *FAST, f"data={data}", f"project={runs}", "name=head_only"]) == 0
-    chosen = Path(re.search(r"^\[detect\] run dir: (\S+)", capsys.readouterr().err, re.M).group(1))  # printed
-    assert {n: (first / n).read_bytes() for n in before} == before
-    assert chosen.parent == runs and chosen != first and (chosen / "weights" / "best.pt").is_file()
-
-
-def test_resuming_a_run_another_process_writes_is_refused_with_its_pid(trained, capsys):
-    _, runs = trained
-    run = runs / "head_only"
-    before = _tree(run)
-    holder = _hold(run)
-    try:
-        assert main(["detect", "train", f"resume={run}"]) == 2
-        assert f"PID {holder.pid}" in capsys.readouterr().err
-    finally:
-        holder.kill()
-        holder.wait()
-    assert {k: v for k, v in _tree(run).items() if k != ".gsdistill.lock"} == before
-
-
-def test_project_that_is_a_file_is_one_line(trained, tmp_path, capsys):
-    data, _ = trained
-    (tmp_path / "afile").write_text("x")
-    assert main(["detect", "train", *FAST, f"data={data}", f"project={tmp_path / 'afile'}"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "afile" in err
-    assert (tmp_path / "afile").read_text() == "x"
-
-
-def test_export_never_writes_over_a_trained_model(trained, capsys):
-    _, runs = trained
-    best = runs / "head_only" / "weights" / "best.pt"
-    before = best.read_bytes()
-    assert main(["detect", "export", *FAST, "--out", str(best)]) == 2
-    assert best.read_bytes() == before and not (best.parent / "params.json").exists()
-
-
-def test_export_and_predict_never_write_into_what_they_read(trained, tmp_path, capsys):
-    _, runs = trained
-    torch.manual_seed(0)
-    bb = save_backbone(create_backbone(TINY), TINY, tmp_path / "bb")
-    before = _tree(bb)
-    assert main(["detect", "export", *FAST, f"backbone={bb}", "--out", str(bb / "det.pt")]) == 2
-    assert _tree(bb) == before
-    pages = tmp_path / "pages"
-    pages.mkdir()
-    Image.new("RGB", (64, 64), "white").save(pages / "p.png")
-    before = _tree(pages)
-    best = str(runs / "head_only" / "weights" / "best.pt")
-    for out in (pages, pages / "pred"):  # a drawn p.png would replace the page p.png
-        assert main(["detect", "predict", best, str(pages), f"predict.out={out}"]) == 2
-    assert main(["detect", "predict", best, str(pages / "p.png"), f"predict.out={pages}"]) == 2
-    assert _tree(pages) == before
-    assert main(["detect", "predict", best, str(pages), f"predict.out={tmp_path / 'pred'}"]) == 0
-    assert sorted(p.name for p in (tmp_path / "pred").iterdir()) == ["p.json", "p.png"]
-
-
-# --- 4. non-finite weights and losses ---------------------------------------------------------------
-
-@pytest.fixture()
-def nan_backbone(tmp_path) -> Path:
-    """An exported backbone folder whose weights file holds a NaN (a folder exported before the export
-    refused them, or by another tool)."""
-    from safetensors.torch import load_file, save_file
-    torch.manual_seed(0)
-    folder = save_backbone(create_backbone(TINY), TINY, tmp_path / "bb_nan")
-    state = load_file(str(folder / "backbone.safetensors"))
-    state["blocks.0.mlp.fc1.weight"][0, 0] = float("nan")
-    save_file(state, str(folder / "backbone.safetensors"))
-    return folder
-
-
-def test_a_nan_backbone_is_refused_naming_its_folder(trained, nan_backbone, tmp_path, capsys):
-    data, _ = trained
-    assert main(["detect", "export", f"backbone={nan_backbone}", "adapter_channels=16", "--out",
-                 str(tmp_path / "det.pt")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and str(nan_backbone) in err and not (tmp_path / "det.pt").exists()
-    runs = tmp_path / "runs"
-    assert main(["detect", "train", *FAST, f"data={data}", f"backbone={nan_backbone}", f"project={runs}"]) == 2
-    assert str(nan_backbone) in capsys.readouterr().err
-    assert not list(runs.rglob("*.pt"))
-
-
-def test_a_detector_file_with_nan_weights_is_refused(trained, tmp_path, capsys):
-    from gsdistill.config import load_config
-    from gsdistill.detect.pipeline import build_detector
-    data, runs = trained
-    cfg = load_config("detect", "cpu_smoke", FAST[2:])
-    det = build_detector(None, 5, cfg)
-    with torch.no_grad():
-        next(det.model.model[1].parameters()).fill_(float("nan"))  # the pyramid (head side)
-    det.save(str(tmp_path / "nan.pt"))
-    model, runs = f"model={tmp_path / 'nan.pt'}", f"project={tmp_path / 'r'}"
-    for argv in (["detect", "train", *FAST, f"data={data}", model, runs],
-                 ["detect", "val", str(tmp_path / "nan.pt"), str(data)]):
-        assert main(argv) == 2
-        assert str(tmp_path / "nan.pt") in capsys.readouterr().err
-    assert not (tmp_path / "r").exists() or list((tmp_path / "r").iterdir()) == []  # no run folder stays behind
-
-
-def test_a_nan_loss_stops_training_with_exit_1_and_no_checkpoint(trained, tmp_path, monkeypatch, capsys):
-    from gsdistill.detect import pipeline
-    data, _ = trained
-    attach = pipeline.add_run_callbacks
-
-    def poisoned(model, run_dir):  # the head turns NaN once training starts (as a too-large lr would)
-        attach(model, run_dir)
-        model.add_callback("on_train_start", lambda tr: next(tr.model.model[1].parameters()).data.fill_(float("nan")))
-
-    monkeypatch.setattr(pipeline, "add_run_callbacks", poisoned)
-    runs = tmp_path / "runs"
-    assert main(["detect", "train", *FAST, f"data={data}", f"project={runs}"]) == 1
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("gsdistill detect train: ") and str(runs / "head_only") in last
-    assert not list(runs.rglob("*.pt"))  # no best.pt / last.pt of NaN-turned-zero weights
