@@ -52,15 +52,27 @@ def _logsumexp_rows(x: Tensor) -> Tensor:
     return peak + torch.log(_exp(x - peak).sum(dim=1, keepdim=True))
 
 
-def _global_logsumexp_over_batch(x: Tensor) -> Tensor:
-    """``log sum_b exp(x[b, k])`` over the batch rows of all ranks -> ``[1, K]``."""
-    peak = _all_reduce_max(_local_max(x, dim=0))
-    return peak + torch.log(all_reduce_sum(_exp(x - peak).sum(dim=0, keepdim=True)))
+def _global_logsumexp_over_batch(x: Tensor, row_valid: Tensor | None = None) -> Tensor:
+    """``log sum_b exp(x[b, k])`` over the (valid) batch rows of all ranks -> ``[1, K]``."""
+    if row_valid is None:
+        peak = _all_reduce_max(_local_max(x, dim=0))
+        return peak + torch.log(all_reduce_sum(_exp(x - peak).sum(dim=0, keepdim=True)))
+    keep = row_valid[:, None]
+    peak = _all_reduce_max(_local_max(x.masked_fill(~keep, float("-inf")), dim=0))
+    mass = torch.where(keep, _exp(x - peak), 0.0)  # where, not a product: a padding row's inf stays out
+    return peak + torch.log(all_reduce_sum(mass.sum(dim=0, keepdim=True)))
+
+
+def _valid_peak(x: Tensor, row_valid: Tensor | None) -> Tensor:
+    """The largest logit of the (valid) rows of all ranks; ``-inf`` where there is none."""
+    if row_valid is None or not x.numel():
+        return _all_reduce_max(_local_max(x))
+    return _all_reduce_max(x.amax(dim=1).masked_fill(~row_valid, float("-inf")).max())
 
 
 @torch.no_grad()
 def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3,
-                   logit_bound: float | None = None) -> Tensor:
+                   logit_bound: float | None = None, row_valid: Tensor | None = None) -> Tensor:
     """Sinkhorn-Knopp teacher targets, ``[B, K]`` logits -> ``[B, K]`` probabilities (rows sum to 1).
 
     ``Q = exp(t / T)^T`` (``[K, B]``); ``Q /= sum(Q)``; ``n_iters`` times: each prototype row
@@ -82,6 +94,8 @@ def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3,
     ``2 * logit_bound / T <= 60`` the exp domain is chosen without reading the logits' range
     back (a host sync on a GPU); with value checks off (``validation.set_checks``) and no such
     bound the log domain is used, again with no host sync.
+    ``row_valid: bool[B]``: False for padding rows (a batch's fixed shapes), which get no mass, take no
+    part in any sum and come back as zero rows: the valid rows' targets are those of the batch without them.
     """
     check_scores("sinkhorn_knopp", teacher_logits)
     if temperature <= 0 or n_iters < 1:
@@ -91,7 +105,9 @@ def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3,
     if x.shape[0] == 0 and not is_distributed():
         return x.clone()
     with no_autocast(x):
-        peak = _all_reduce_max(_local_max(x))
+        if row_valid is not None:
+            row_valid = row_valid.to(x.device)
+        peak = _valid_peak(x, row_valid)
         if logit_bound is not None and 2.0 * logit_bound / temperature <= _EXP_SAFE_SPAN:
             exp_domain = True
         elif checks_enabled():
@@ -99,12 +115,12 @@ def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3,
         else:
             exp_domain = False
         if exp_domain:
-            return _sinkhorn_exp(x, peak, temperature, n_iters)
+            return _sinkhorn_exp(x, peak, temperature, n_iters, row_valid)
         log_q = x / temperature  # [B, K]: log Q^T up to a constant
         for _ in range(n_iters):
-            log_q = log_q - _global_logsumexp_over_batch(log_q)
+            log_q = log_q - _global_logsumexp_over_batch(log_q, row_valid)
             log_q = log_q - _logsumexp_rows(log_q)
-        return _exp(log_q)
+        return _exp(log_q) if row_valid is None else torch.where(row_valid[:, None], _exp(log_q), 0.0)
 
 
 # exp(-60) ~ 9e-27: after a column normalisation over B_global rows (~1e6 at paper scale) entries
@@ -112,13 +128,23 @@ def sinkhorn_knopp(teacher_logits: Tensor, temperature: float, n_iters: int = 3,
 _EXP_SAFE_SPAN = 60.0
 
 
-def _sinkhorn_exp(x: Tensor, peak: Tensor, temperature: float, n_iters: int) -> Tensor:
+def _sinkhorn_exp(x: Tensor, peak: Tensor, temperature: float, n_iters: int,
+                  row_valid: Tensor | None = None) -> Tensor:
     """DINOv2's form: one exp pass, then in-place divisions (~10x cheaper than two logsumexps
     per iteration on CPU). Caller guarantees ``(max t - min t) / T <= _EXP_SAFE_SPAN``."""
     q = torch.exp((x - peak) / temperature)  # [B, K]; max entry 1, min >= exp(-span)
+    if row_valid is None:
+        for _ in range(n_iters):
+            q /= all_reduce_sum(q.sum(dim=0, keepdim=True))  # each prototype's mass over all ranks
+            q /= q.sum(dim=1, keepdim=True)  # each sample's row sums to 1
+        return q
+    # padding rows hold no mass (where: their exp may be inf when no row is valid); a sum of none is
+    # floored so that it divides nothing into NaN (a valid row's sums are >= e^-60 / B_global, far above)
+    q = torch.where(row_valid[:, None], q, 0.0)
+    tiny = torch.finfo(q.dtype).tiny
     for _ in range(n_iters):
-        q /= all_reduce_sum(q.sum(dim=0, keepdim=True))  # each prototype's mass over all ranks
-        q /= q.sum(dim=1, keepdim=True)  # each sample's row sums to 1
+        q /= all_reduce_sum(q.sum(dim=0, keepdim=True)).clamp_min(tiny)
+        q /= q.sum(dim=1, keepdim=True).clamp_min(tiny)
     return q
 
 
@@ -137,8 +163,9 @@ class TeacherCentering(nn.Module):
     @torch.no_grad()
     def teacher_probs(self, teacher_logits: Tensor, teacher_temp: float,
                       centering: str = "sinkhorn_knopp", n_iters: int = 3,
-                      logit_bound: float | None = None) -> Tensor:
-        """``[B, K]`` teacher logits -> ``[B, K]`` targets.
+                      logit_bound: float | None = None, row_valid: Tensor | None = None) -> Tensor:
+        """``[B, K]`` teacher logits -> ``[B, K]`` targets; ``row_valid``: False for padding rows, which
+        neither Sinkhorn-Knopp nor the centre counts (their targets are zeros or unused).
 
         ``"softmax"``: ``softmax((t - c) / T)`` with the current centre c, then
         ``c <- m c + (1 - m) mean_batch(t)`` (mean over all ranks), so step k uses step k-1's
@@ -151,7 +178,7 @@ class TeacherCentering(nn.Module):
             raise ValueError(f"{name}: teacher logits shape {tuple(teacher_logits.shape)} does not "
                              f"match out_dim {self.out_dim}")
         if centering == "sinkhorn_knopp":
-            return sinkhorn_knopp(teacher_logits, teacher_temp, n_iters, logit_bound)
+            return sinkhorn_knopp(teacher_logits, teacher_temp, n_iters, logit_bound, row_valid)
         if centering != "softmax":
             raise ValueError(f"{name}: centering must be 'softmax' or 'sinkhorn_knopp', "
                              f"got {centering!r}")
@@ -160,12 +187,15 @@ class TeacherCentering(nn.Module):
         t = fp32(teacher_logits.detach())
         with no_autocast(t):
             probs = torch.softmax((t - self.center.to(device=t.device, dtype=t.dtype)) / teacher_temp, dim=-1)
-        self.update_center(t)
+        self.update_center(t, row_valid)
         return probs
 
     @torch.no_grad()
-    def update_center(self, teacher_logits: Tensor) -> None:
-        """EMA of the global batch mean of the teacher logits (float32 whatever their dtype)."""
+    def update_center(self, teacher_logits: Tensor, row_valid: Tensor | None = None) -> None:
+        """EMA of the global batch mean of the (valid) teacher logits (float32 whatever their dtype)."""
+        if row_valid is not None:
+            self._update_center_valid(fp32(teacher_logits.detach()), row_valid.to(teacher_logits.device))
+            return
         total = all_reduce_sum(fp32(teacher_logits.detach()).sum(dim=0, keepdim=True))
         if not is_distributed():  # the row count is known on the host: no sync
             if teacher_logits.shape[0] == 0:
@@ -177,6 +207,15 @@ class TeacherCentering(nn.Module):
         # the masked-patch count differs per rank: all-reduced, and kept a tensor (no host read);
         # no row on any rank (no masked patch) leaves the centre as it is
         count = all_reduce_sum(torch.tensor(float(teacher_logits.shape[0]), device=total.device))
+        moved = self.center * self.center_momentum + (total / count.clamp(min=1)).to(self.center.device) * (
+            1.0 - self.center_momentum)
+        self.center.copy_(torch.where(count.to(self.center.device) > 0, moved, self.center))
+
+    def _update_center_valid(self, t: Tensor, row_valid: Tensor) -> None:
+        """:meth:`update_center` over the rows ``row_valid`` flags; the count stays a tensor (no host read)."""
+        keep = row_valid[:, None]
+        total = all_reduce_sum(torch.where(keep, t, 0.0).sum(dim=0, keepdim=True))
+        count = all_reduce_sum(row_valid.sum().to(t.dtype))
         moved = self.center * self.center_momentum + (total / count.clamp(min=1)).to(self.center.device) * (
             1.0 - self.center_momentum)
         self.center.copy_(torch.where(count.to(self.center.device) > 0, moved, self.center))

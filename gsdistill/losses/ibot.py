@@ -23,6 +23,9 @@ class IBOTPatchLoss(TeacherCentering):
     ``masks: bool[B, P]``; row m is the m-th True of ``masks`` in row-major order
     (``masks.nonzero()`` order), so ``M == masks.sum()``. No masked patch -> 0, still on the graph
     (the student head gets zero gradients, so DDP's gradient all-reduce sees every parameter).
+    Rows padded to a fixed count (``gsdistill.views.fixed_shapes``): ``patch_index: long[M']`` gives each
+    row's flat index into ``masks`` and ``row_valid: bool[M']`` flags the real ones (``M == row_valid.sum()``
+    then, in any order); padding rows get no weight, so the loss is the unpadded batch's.
     Computed and returned in float32 (float64 kept) with autocast off, whatever the inputs' dtype.
     """
 
@@ -33,22 +36,27 @@ class IBOTPatchLoss(TeacherCentering):
         self.student_temp = student_temp
 
     def forward(self, student_patch_logits: Tensor, teacher_patch_probs: Tensor,
-                masks: Tensor) -> Tensor:
+                masks: Tensor, patch_index: Tensor | None = None, row_valid: Tensor | None = None) -> Tensor:
         check_scores("IBOTPatchLoss student", student_patch_logits)
         check_scores("IBOTPatchLoss teacher", teacher_patch_probs)
         if not isinstance(masks, Tensor) or masks.dtype != torch.bool or masks.dim() != 2:
             raise ValueError("IBOTPatchLoss: masks must be a bool tensor [B, P]")
+        n_rows = student_patch_logits.shape[0]
+        if row_valid is not None and (patch_index is None or row_valid.shape != (n_rows,)
+                                      or patch_index.shape != (n_rows,)):
+            raise ValueError(f"IBOTPatchLoss: padded rows need patch_index and row_valid of shape ({n_rows},)")
         # the row count is known on the host; with checks off it is trusted (reading masks.sum()
         # back would be a host sync on a GPU)
-        n_masked = int(masks.sum()) if checks_enabled() else student_patch_logits.shape[0]
+        n_masked = int(masks.sum()) if checks_enabled() else n_rows
+        n_given = n_rows if row_valid is None or not checks_enabled() else int(row_valid.sum())
         if student_patch_logits.shape != teacher_patch_probs.shape:
             raise ValueError(f"IBOTPatchLoss: student shape {tuple(student_patch_logits.shape)} "
                              f"does not match teacher shape {tuple(teacher_patch_probs.shape)}")
-        if student_patch_logits.shape != (n_masked, self.out_dim):
+        if n_given != n_masked or student_patch_logits.shape[1] != self.out_dim:
             raise ValueError(f"IBOTPatchLoss: patch logits shape {tuple(student_patch_logits.shape)} "
-                             f"does not match (masks.sum()={n_masked}, out_dim={self.out_dim})")
+                             f"({n_given} valid rows) does not match (masks.sum()={n_masked}, out_dim={self.out_dim})")
         logits = fp32(student_patch_logits)  # fp32 at least: bf16/fp16 logits lose the tail
-        if n_masked == 0:
+        if n_rows == 0:
             return logits.sum() * 0.0
         masks = masks.to(logits.device)
         with no_autocast(logits):
@@ -59,7 +67,13 @@ class IBOTPatchLoss(TeacherCentering):
             ce = (torch.logsumexp(logits / self.student_temp, dim=-1) * targets.sum(dim=-1)
                   - (targets * logits).sum(dim=-1) / self.student_temp)
             per_image = masks.sum(dim=1)
-            image_of_patch = torch.repeat_interleave(  # masks.nonzero()[:, 0] with no host sync
-                torch.arange(masks.shape[0], device=masks.device), per_image, output_size=n_masked)
-            weights = 1.0 / per_image[image_of_patch].to(ce.dtype)
+            if patch_index is not None:
+                image_of_patch = patch_index.to(masks.device) // masks.shape[1]
+            else:
+                image_of_patch = torch.repeat_interleave(  # masks.nonzero()[:, 0] with no host sync
+                    torch.arange(masks.shape[0], device=masks.device), per_image, output_size=n_rows)
+            # a padding row may point at an unmasked view (no masked patch): clamped, then weighted 0
+            weights = 1.0 / per_image[image_of_patch].clamp(min=1).to(ce.dtype)
+            if row_valid is not None:
+                weights = torch.where(row_valid.to(weights.device), weights, 0.0)
             return (weights * ce).sum() / masks.shape[0]

@@ -227,10 +227,10 @@ class GSDistill(PageEmbeddings, nn.Module):
             return 1.0
         return ((self.steps_seen + 1).float() / self.distill_warmup).clamp(max=1.0)
 
-    def _teacher_targets(self, logits: torch.Tensor, loss: nn.Module) -> torch.Tensor:
+    def _teacher_targets(self, logits: torch.Tensor, loss: nn.Module, **rows) -> torch.Tensor:
         # DINO head logits are cosines (normalised features x normalised prototypes): |t| <= 1
         return loss.teacher_probs(logits, self.current_teacher_temp(), centering=self.centering,
-                                  n_iters=self.sinkhorn_iters, logit_bound=1.0 + 1e-2)
+                                  n_iters=self.sinkhorn_iters, logit_bound=1.0 + 1e-2, **rows)
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         # record_function labels cost nothing without a profiler; tools/bench_pretrain.py times them
@@ -243,6 +243,7 @@ class GSDistill(PageEmbeddings, nn.Module):
         if masks is not None and self.align_views == "unmasked":
             # iBOT's masks hide up to half of a view's patches, and with them the boxes its descriptors
             # describe: the alignment heads read the masked views again, unmasked, in the same call
+            # (padded to the run's fixed count: padding copies are encoded, never read)
             copies = masked_view_index(masks, batch.get("masked_views"))
         with record_function("gsdistill.student_global"):
             views, view_masks = with_unmasked_copies(glob, masks, copies)
@@ -251,7 +252,7 @@ class GSDistill(PageEmbeddings, nn.Module):
         h_glob, patches = h_all[:glob.shape[0]], None if p_all is None else p_all[:glob.shape[0]]
         h_align, p_align, visible = h_glob, patches, None
         if copies is not None and copies.numel():
-            rows = whole_view_rows(glob.shape[0], copies)
+            rows = whole_view_rows(glob.shape[0], copies, batch.get("masked_views_valid"))
             h_align, p_align = h_all.index_select(0, rows), None if p_all is None else p_all.index_select(0, rows)
         elif masks is not None and self.align_views == "visible":  # same pass; anchors = views left whole
             visible = ~masks.to(glob.device).any(dim=1)  # a tensor mask: no host sync
@@ -289,8 +290,8 @@ class GSDistill(PageEmbeddings, nn.Module):
                 terms["local_sem"] = local_sem_term(self, h_local, p_local, local.shape[-2:], batch, n_pages,
                                                     n_local, self.max_texts)
         if self.use_distill or self.use_ibot:
-            terms.update(self._self_distillation(glob, local, masks, batch.get("mask_index"), h_glob, patches,
-                                                 h_local, n_global, n_local))
+            terms.update(self._self_distillation(glob, local, masks, batch.get("mask_index"), batch.get("mask_valid"),
+                                                 h_glob, patches, h_local, n_global, n_local))
         ramp = self.distill_ramp()
         terms["total"] = sum(self.weights[k] * (ramp if k in ("distill", "ibot") else 1.0) * v
                              for k, v in terms.items())
@@ -314,10 +315,14 @@ class GSDistill(PageEmbeddings, nn.Module):
             return dino_logits, ibot_logits
         return (None if pooled is None else dino(pooled)), (None if masked is None else ibot(masked))
 
-    def _self_distillation(self, glob, local, masks, batch_index, h_glob, patches, h_local, n_global, n_local) -> dict:
+    def _self_distillation(self, glob, local, masks, batch_index, index_valid, h_glob, patches, h_local,
+                           n_global, n_local) -> dict:
         out = {}
         teacher_local = self.use_distill and self.distill_local and n_local > 0
         index = masked_patch_index(masks, batch_index) if self.use_ibot else None
+        # iBOT rows padded to the run's fixed count (gsdistill.views.fixed_shapes): flagged, so the padding
+        # rows get no teacher mass and no weight
+        rows = {} if index_valid is None or not self.use_ibot else {"row_valid": index_valid.to(glob.device)}
         with torch.no_grad(), record_function("gsdistill.teacher"):
             t_glob, t_patch = encode_views(self.teacher["backbone"], glob, with_patches=self.use_ibot)
             t_pooled = None
@@ -340,5 +345,6 @@ class GSDistill(PageEmbeddings, nn.Module):
                                                 ignore_diagonal=True)
         if self.use_ibot:
             with record_function("gsdistill.ibot"):
-                out["ibot"] = self.ibot_loss(s_ibot, self._teacher_targets(t_ibot, self.ibot_loss), masks)
+                out["ibot"] = self.ibot_loss(s_ibot, self._teacher_targets(t_ibot, self.ibot_loss, **rows), masks,
+                                             patch_index=index if rows else None, **rows)
         return out

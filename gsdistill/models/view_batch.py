@@ -46,8 +46,14 @@ def with_unmasked_copies(views: torch.Tensor, masks: torch.Tensor | None,
             torch.cat([masks, masks.new_zeros(copies.shape[0], masks.shape[1])]))
 
 
-def whole_view_rows(n_views: int, copies: torch.Tensor) -> torch.Tensor:
+def whole_view_rows(n_views: int, copies: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Row of each global view's whole (unmasked) features in the extended call of
-    :func:`with_unmasked_copies`: its copy where it was masked, itself otherwise."""
+    :func:`with_unmasked_copies`: its copy where it was masked, itself otherwise. ``valid``: False for
+    padding copies (a batch's fixed shapes, ``gsdistill.views.fixed_shapes``), which redirect nothing."""
     rows = torch.arange(n_views, device=copies.device)
-    return rows.index_copy(0, copies, n_views + torch.arange(copies.shape[0], device=copies.device))
+    copy_rows = n_views + torch.arange(copies.shape[0], device=copies.device)
+    if valid is None:
+        return rows.index_copy(0, copies, copy_rows)
+    # a padding copy repeats some view, maybe a masked one: it offers row 0, below any row, and the max wins
+    offered = torch.where(valid.to(copies.device), copy_rows, torch.zeros_like(copy_rows))
+    return rows.scatter_reduce(0, copies, offered, "amax")

@@ -5,9 +5,15 @@ views and collates them; epoch ``e`` uses seeds derived from ``(seed, e)``, so t
 function of its position and resuming skips the epoch's first batches without augmenting them.
 :class:`FixedBatches` cycles over prepared global batches, each rank taking its slice of pages
 (tests and benchmarks: the same global batch on 1 or N processes).
+Both give every batch of a run one shape (``gsdistill.views.fixed_shapes``: a compiled step compiles once):
+the shard stream pads to bounds from the config and manifest, drawing each batch's iBOT masks at once
+(``batch_masks``) in its workers; :class:`FixedBatches` pads to the largest counts of its batches.
 """
 from __future__ import annotations
 
+import sys
+import zlib
+from collections import Counter
 from functools import partial
 from typing import Iterator
 
@@ -19,7 +25,8 @@ from gsdistill.models.gsdistill_model import masked_patch_index
 from gsdistill.models.view_batch import masked_view_index
 from gsdistill.threads import default_threads, limit_worker_threads
 from gsdistill.tuples.errors import DataError
-from gsdistill.views.masking import view_mask
+from gsdistill.views.fixed_shapes import MASK_KEYS, BatchShapes, covering_shapes, pad_batch, run_shapes, shard_manifest
+from gsdistill.views.masking import batch_masks, view_mask
 
 
 def slice_batch(batch: dict, rank: int, world: int) -> dict:
@@ -45,7 +52,7 @@ def slice_batch(batch: dict, rank: int, world: int) -> dict:
     return out
 
 
-HOST_INDICES = ("mask_index", "masked_views")
+HOST_INDICES = MASK_KEYS  # with their padding flags (fixed_shapes.padded_host_indices)
 
 
 def host_indices(masks: torch.Tensor) -> dict:
@@ -70,7 +77,9 @@ class FixedBatches:
     def __init__(self, global_batches: list[dict], rank: int = 0, world: int = 1):
         if not global_batches:
             raise ValueError("FixedBatches needs at least one batch")
-        self.batches = [slice_batch(b, rank, world) for b in global_batches]
+        slices = [[slice_batch(b, r, world) for b in global_batches] for r in range(world)]
+        shapes = covering_shapes(sum(slices, []))  # one shape on every rank and step
+        self.batches = [pad_batch(b, shapes)[0] if shapes else b for b in slices[rank]]
         self.position = {"epoch": 0, "batch": 0}
 
     def restore(self, position: dict) -> None:
@@ -93,6 +102,9 @@ class _EpochBatches:
         self.shard_dir, self.cfg, self.rank, self.world = shard_dir, cfg, rank, world
         self.local_batch, self.patch_size = local_batch, patch_size
         self.seed = int(cfg["train"]["seed"])
+        v, self.grid = cfg["views"], (int(cfg["views"]["global_size"]) // patch_size,) * 2
+        self.mask_prob, self.mask_ratio = float(v["mask_prob"]), tuple(float(r) for r in v["mask_ratio"])
+        self.shapes: BatchShapes = run_shapes(cfg, local_batch, self.grid, shard_manifest(shard_dir))
 
     def dataset(self, epoch: int):
         from gsdistill.tuples.shards import ShardDataset
@@ -106,7 +118,8 @@ class _EpochBatches:
         # every views key, local_mode and local_span_px included (a hand-written list here once left them out:
         # runs asking for span-centred local views trained on random ones)
         views = MultiCropViews.from_config(v, self.patch_size, seed=self.seed * 100003 + epoch * 1009 + self.rank,
-                                           region_boxes=bool(self.cfg["objective"].get("region_geom", False)))
+                                           region_boxes=bool(self.cfg["objective"].get("region_geom", False)),
+                                           page_masks=False)
         dataset = ShardDataset(self.shard_dir, shuffle_buffer=int(d["shuffle_buffer"]), seed=self.seed,
                                rank=self.rank, world_size=self.world, transform=views, embeddings=cache)
         dataset.set_epoch(epoch)
@@ -123,23 +136,31 @@ class _EpochBatches:
         return min(reader_page_count(order, shard_pages, self.rank * readers + w, self.world * readers)
                    for w in range(readers)) // self.local_batch
 
-    def batches(self, epoch: int, skip_rounds: int, readers: int) -> Iterator[dict]:
-        """This reader's batches of ``epoch`` after its first ``skip_rounds`` (skipped pages are
-        neither decoded nor augmented); the dataset and its views are built at once."""
+    def batches(self, epoch: int, skip_rounds: int, readers: int) -> Iterator[tuple[dict, dict]]:
+        """This reader's ``(batch, what padding cut)`` of ``epoch`` after its first ``skip_rounds`` (skipped
+        pages are neither decoded nor augmented); the dataset and its views are built at once."""
         count = self.per_reader(readers) - skip_rounds
         dataset = self.dataset(epoch)
         dataset.skip_batches(skip_rounds * readers, self.local_batch)
-        return self._collated(iter(dataset), count)
+        return self._collated(iter(dataset), count, epoch)
 
-    def _collated(self, pages: Iterator[dict], count: int) -> Iterator[dict]:
+    def _collated(self, pages: Iterator[dict], count: int, epoch: int) -> Iterator[tuple[dict, dict]]:
         from gsdistill.views.multicrop import collate_pretrain
 
         made, batch = 0, []
         while made < count:  # pages beyond would make batches other workers cannot match this epoch
             batch.append(next(pages))
             if len(batch) == self.local_batch:
-                yield collate_pretrain(batch)
+                yield pad_batch(collate_pretrain(batch, self._masks(batch, epoch)), self.shapes)
                 made, batch = made + 1, []
+
+    def _masks(self, pages: list[dict], epoch: int) -> torch.Tensor:
+        """The batch's iBOT masks (view-major, as the crops): a pure function of the seed, the epoch and its
+        pages, so a resumed stream draws them again."""
+        ids = zlib.crc32("\n".join(str(p["id"]) for p in pages).encode("utf-8"))
+        rng = np.random.default_rng([self.seed, epoch, self.rank, ids])
+        n_views = len(pages) * len(pages[0]["global_crops"])
+        return torch.from_numpy(batch_masks(n_views, self.grid, self.mask_prob, self.mask_ratio, rng))
 
 
 class _EndlessBatches(IterableDataset):
@@ -151,13 +172,13 @@ class _EndlessBatches(IterableDataset):
     def __init__(self, epochs: _EpochBatches, start: int, skip_rounds: int):
         self.epochs, self.start, self.skip_rounds = epochs, start, skip_rounds
 
-    def __iter__(self) -> Iterator[tuple[int, dict]]:
+    def __iter__(self) -> Iterator[tuple[int, dict, dict]]:
         info = get_worker_info()
         readers = 1 if info is None else info.num_workers
         epoch, skip = self.start, self.skip_rounds
         while True:
-            for batch in self.epochs.batches(epoch, skip, readers):
-                yield epoch, batch
+            for batch, cut in self.epochs.batches(epoch, skip, readers):
+                yield epoch, batch, cut
             epoch, skip = epoch + 1, 0
 
 
@@ -173,11 +194,17 @@ class ShardBatches:
         self.workers, self.pin_memory = int(cfg["data"]["num_workers"]), bool(pin_memory)
         self.epochs = _EpochBatches(shard_dir, cfg, rank, world, local_batch, patch_size)
         self.position = {"epoch": 0, "batch": 0}
-        self._it: Iterator[tuple[int, dict]] | None = None
+        self._it: Iterator[tuple[int, dict, dict]] | None = None
+        self.cut: Counter = Counter()  # what the fixed shapes cut so far (fixed_shapes.pad_batch)
+
+    @property
+    def shapes(self) -> BatchShapes:
+        """The shape every batch of this run has."""
+        return self.epochs.shapes
 
     def _epoch_iterator(self, epoch: int, skip_batches: int = 0) -> Iterator[dict]:
         """One epoch's batches in this process (no workers)."""
-        return self.epochs.batches(epoch, skip_batches, 1)
+        return (batch for batch, _ in self.epochs.batches(epoch, skip_batches, 1))
 
     def _open(self, position: dict) -> None:
         readers = max(1, self.workers)
@@ -207,7 +234,8 @@ class ShardBatches:
     def __next__(self) -> dict:
         if self._it is None:
             self._open(self.position)
-        epoch, batch = next(self._it)
+        epoch, batch, cut = next(self._it)
+        self._count_cut(cut)
         if epoch != self.position["epoch"]:
             self.position = {"epoch": epoch, "batch": 0}
         self.position["batch"] += 1
@@ -215,6 +243,13 @@ class ShardBatches:
 
     def __iter__(self) -> Iterator[dict]:
         return self
+
+    def _count_cut(self, cut: dict) -> None:  # never expected (the bounds hold what the views keep): said once
+        cut = {k: int(v) for k, v in cut.items() if v}
+        if cut and not self.cut:
+            print(f"[pretrain] a batch exceeded the fixed batch shapes {self.shapes} and was cut to them ({cut}); "
+                  "counted in the stream's `cut`", file=sys.stderr, flush=True)
+        self.cut.update(cut)
 
 
 def ibot_masks(views, n_views: int, grid: tuple[int, int], seed: int = 0, mean: bool = False) -> torch.Tensor:

@@ -10,9 +10,14 @@ them back together, in its one host sync after the update.
 ``train.compile``: ``torch.compile`` of the whole forward of the step (student and teacher backbones,
 every head, every loss term and the teacher targets) as ONE graph (``nn.Module.compile`` in place:
 parameter names and checkpoints are unchanged; backward is compiled with it by AOTAutograd). The
-ViT's iBOT-masking and token hooks are installed once, so nothing breaks the graph; the iBOT row
-counts (``mask_index``, ``masked_views``) change every step and are marked dynamic, so one symbolic
-graph serves every masking. With ``objective.teacher_temp_warmup_steps > 0`` the host-side schedule
+ViT's iBOT-masking and token hooks are installed once, so nothing breaks the graph. The run's batch
+streams give every batch one shape (``gsdistill.views.fixed_shapes``: texts, boxes, masked views and
+iBOT rows padded to bounds set at the start, with validity flags), so the graph is compiled once for
+static shapes. Static, not dynamic (symbolic): a symbolic graph still recompiled for every size left
+unmarked (the span rows of ``sem_emb`` at step 4 of an H200 run, 85.8 s), its kernels carry size
+arithmetic and guards, and CUDA graphs need static shapes. Only a batch whose iBOT indices are not
+padded (a tool's or a test's own, without ``mask_valid``) still has them marked dynamic, as before, so
+new maskings reuse one symbolic graph. With ``objective.teacher_temp_warmup_steps > 0`` the host-side schedule
 splits it in pieces. A step with the losses' value checks on (the loop's first) runs eager, so the
 run compiles once. The default, ``auto``, was chosen per device by measurement
 (:func:`compile_wanted`; docs/benchmarks.md, "GPU" and "Pretraining step"): on one H100 the compiled
@@ -126,7 +131,7 @@ class TorchEngine:
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         self.module.train()
-        if self.compiled:  # a new masking changes these lengths: one symbolic graph, no recompile per step
+        if self.compiled and "mask_valid" not in batch:  # unpadded: a new masking changes these lengths
             from torch._dynamo import maybe_mark_dynamic
 
             for key in HOST_INDICES:

@@ -12,7 +12,8 @@ dropped with their labels); pretraining does not use them, so it is off by defau
 ``region_boxes`` (``objective.region_geom``) the layout boxes alone are tracked through the global
 crops and each sample carries ``region_pool``: per global view, which patch cells each box covers
 (``gsdistill.views.region_pool``); the pixels are the same as without it.
-Each student global view also gets an iBOT block mask over its patch grid.
+Each student global view also gets an iBOT block mask over its patch grid (with ``page_masks=False``
+none: the training stream draws a whole batch's masks at once, ``gsdistill.views.masking.batch_masks``).
 
 Local crops come in two kinds (``local_mode``). ``random``: DINO's, a random region of
 ``local_scale`` of the page area, resized to ``local_size``; on a real page shrunk that way a text
@@ -156,7 +157,7 @@ class MultiCropViews:
                  global_scale=(0.32, 1.0), local_scale=(0.05, 0.32), patch_size: int = 16,
                  mask_prob: float = 0.5, mask_ratio=(0.1, 0.5), hflip: bool = False, color_jitter: float = 0.4,
                  blur_prob: float = 0.1, max_spans: int = 32, seed: int = 0, track_boxes: bool = False,
-                 local_mode: str = "random", local_span_px: int = 96, region_boxes: bool = False):
+                 local_mode: str = "random", local_span_px: int = 96, region_boxes: bool = False, page_masks: bool = True):
         if global_size % patch_size:
             raise ValueError(f"global_size={global_size} is not a multiple of patch_size={patch_size}")
         if n_global < 1:
@@ -173,17 +174,21 @@ class MultiCropViews:
         self.local_tf = _pipeline(local_size, local_scale, hflip, color_jitter, blur_prob, self.track_boxes)
         self.span_tf = _photometric(local_size, color_jitter, blur_prob)
         self.seed = int(seed)
+        self.page_masks = bool(page_masks)  # False: the batch draws them (views.masking.batch_masks)
 
     @classmethod
-    def from_config(cls, v, patch_size: int, seed: int, region_boxes: bool = False) -> "MultiCropViews":
+    def from_config(cls, v, patch_size: int, seed: int, region_boxes: bool = False,
+                    page_masks: bool = True) -> "MultiCropViews":
         """The views of a pretraining config's ``views`` section (``configs/pretrain/default.yaml``);
-        ``region_boxes``: what ``objective.region_geom`` reads."""
+        ``region_boxes``: what ``objective.region_geom`` reads; ``page_masks=False``: no iBOT masks per
+        page (the training stream draws them per batch)."""
         return cls(global_size=int(v["global_size"]), local_size=int(v["local_size"]), n_global=int(v["n_global"]),
                    n_local=int(v["n_local"]), global_scale=tuple(v["global_scale"]),
                    local_scale=tuple(v["local_scale"]), patch_size=patch_size, mask_prob=float(v["mask_prob"]),
                    mask_ratio=tuple(v["mask_ratio"]), max_spans=int(v["max_spans"]), hflip=bool(v["hflip"]),
                    color_jitter=float(v["color_jitter"]), blur_prob=float(v["blur_prob"]), seed=seed,
-                   local_mode=str(v["local_mode"]), local_span_px=int(v["local_span_px"]), region_boxes=region_boxes)
+                   local_mode=str(v["local_mode"]), local_span_px=int(v["local_span_px"]), region_boxes=region_boxes,
+                   page_masks=page_masks)
 
     def _span_view(self, rng: np.random.Generator, page: dict, image: np.ndarray, boxes) -> tuple:
         """(crop, its boxes or None, (window, index of the span it was drawn around))."""
@@ -218,9 +223,9 @@ class MultiCropViews:
             windows = [w for _, _, w in loc]
         else:
             loc = [self._view(self.local_tf, rng, image, boxes) for _ in range(self.n_local)]
-        masks = [torch.from_numpy(view_mask(self.grid, self.mask_prob, self.mask_ratio, rng)) for _ in g]
-        sample = {"id": page["id"], "global_crops": [t for t, *_ in g], "local_crops": [t for t, *_ in loc],
-                  "masks": masks}
+        sample = {"id": page["id"], "global_crops": [t for t, *_ in g], "local_crops": [t for t, *_ in loc]}
+        if self.page_masks:  # drawn last: the crops are the same without them
+            sample["masks"] = [torch.from_numpy(view_mask(self.grid, self.mask_prob, self.mask_ratio, rng)) for _ in g]
         if self.track_boxes:
             sample["global_boxes"], sample["local_boxes"] = [b for _, b, *_ in g], [b for _, b, *_ in loc]
         for key in ("sem_emb", "geom_emb"):
@@ -250,8 +255,9 @@ def _pad(rows: list[np.ndarray], dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     return out, valid
 
 
-def collate_pretrain(samples: list[dict]) -> dict:
-    """View-major batch (see module docstring). Pages need cached embeddings (``gsdistill tuples embed``)."""
+def collate_pretrain(samples: list[dict], masks: torch.Tensor | None = None) -> dict:
+    """View-major batch (see module docstring). Pages need cached embeddings (``gsdistill tuples embed``).
+    ``masks``: the batch's iBOT masks ``bool[n_global * B, P]`` (``batch_masks``), else the samples' own."""
     if not samples:
         raise ValueError("collate_pretrain got an empty batch")
     missing = [s["id"] for s in samples if "sem_emb" not in s or "geom_emb" not in s]
@@ -261,7 +267,7 @@ def collate_pretrain(samples: list[dict]) -> dict:
                          "pages with ShardDataset(..., embeddings=text_cache.open_embeddings(SHARD_DIR))")
     n_g, n_l = len(samples[0]["global_crops"]), len(samples[0]["local_crops"])
     batch = {"global_crops": torch.stack([s["global_crops"][v] for v in range(n_g) for s in samples]),
-             "masks": torch.stack([s["masks"][v] for v in range(n_g) for s in samples])}
+             "masks": masks if masks is not None else torch.stack([s["masks"][v] for v in range(n_g) for s in samples])}
     if n_l:
         batch["local_crops"] = torch.stack([s["local_crops"][v] for v in range(n_l) for s in samples])
     else:
