@@ -57,7 +57,8 @@ def _placement(_rank: int, port: int, config: str, out: str) -> None:
 
 
 @pytest.mark.parametrize("config,weights,optimizer", [
-    ("zero3_optimizer_offload.json", "cuda", "cpu"),  # the default: only the optimizer on the CPU
+    ("zero2_optimizer_offload.json", "cuda", "cpu"),  # the default: only the optimizer on the CPU
+    ("zero3_optimizer_offload.json", "cuda", "cpu"),  # the paper's ZeRO-3, optimizer on the CPU
     ("zero3_param_offload.json", "cpu/pinned", "cpu"),
     ("zero2.json", "cuda", "cuda"),
 ])

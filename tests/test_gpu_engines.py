@@ -20,7 +20,7 @@ STEPS, MOMENTUM, LR = 3, 0.996, 1e-2  # a large rate: the teacher moves visibly 
 TERM_STEPS, TERM_LR = 5, 5e-4  # the pretraining default's rate for the engines' terms
 DS_DIR = Path(__file__).resolve().parents[1] / "configs" / "deepspeed"
 CONFIGS = sorted(p.name for p in DS_DIR.glob("*.json"))
-DEFAULT = "zero3_optimizer_offload.json"
+DEFAULT = "zero2_optimizer_offload.json"
 # engine/precision[/config][/ibot_head]: model.ibot_separate_head's teacher copy is EMA'd under ZeRO-3 too
 RUNS = ["torch/fp32", "torch/bf16", f"deepspeed/fp32/{DEFAULT}", *(f"deepspeed/bf16/{c}" for c in CONFIGS),
         f"deepspeed/bf16/{DEFAULT}/ibot_head"]

@@ -37,7 +37,7 @@ QUIET = ["train.log_every=1", "train.progress=false", "train.tensorboard=false",
 TINY = ["model.backbone.depth=1", "model.backbone.img_size=32", "views.global_size=32", "views.local_size=16",
         "model.dino_out_dim=64", "model.dino_hidden_dim=32", "model.dino_bottleneck_dim=16", "model.proj_dim=32",
         "data.page_width=256", "data.page_height=320", "data.shuffle_buffer=4", "data.num_workers=0"]
-DEFAULT_DS = "zero3_optimizer_offload.json"  # train.deepspeed_config's default
+DEFAULT_DS = "zero2_optimizer_offload.json"  # train.deepspeed_config's default
 AGREE_BATCH, AGREE_STEPS = 4, 3  # the agreement runs: ViT-S/16 on 4 pages, ~1 TFLOP a step, seconds on 16 cores
 # dense bf16 tensor-core peaks (no sparsity), FLOP/s, by a part of the device name
 BF16_PEAK = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12,

@@ -4,8 +4,8 @@ Same surface as :class:`gsdistill.pretrain.engine_torch.TorchEngine`. The JSON f
 ZeRO stage and what is offloaded; the trainer fills in the rest from the pretrain config, so the
 file must not set them (:func:`load_ds_config`): the micro-batch, clipping, the optimizer and the
 precision. The optimizer is AdamW with the same parameter groups and ``optim.*`` as the torch
-engine: DeepSpeedCPUAdam where the optimizer is offloaded (the default, ZeRO-3 with only the
-optimizer on the CPU), torch's AdamW otherwise. Both engines give the same losses on the same seed
+engine: DeepSpeedCPUAdam where the optimizer is offloaded (the default, ZeRO-2 with only the
+optimizer on the CPU, and the paper's ZeRO-3 configs), torch's AdamW otherwise. Both engines give the same losses on the same seed
 (tested for every config in configs/deepspeed/).
 
 What runs under ``train.precision: bf16`` is what the torch engine runs: fp32 weights, and the
