@@ -281,16 +281,17 @@ def load_pretrained(path: str | os.PathLike, device: str | torch.device = "cpu")
     return model.to(device).eval()
 
 
-def read_config(ckpt: Path):
-    """The resolved run config saved in a checkpoint folder, on top of today's defaults: a key added
-    since the checkpoint was written takes its default (which keeps the old behaviour), so older
-    checkpoints still load; a key that no longer exists is a ``ConfigError`` naming the file."""
+def read_config(ckpt: Path, stage: str = "pretrain"):
+    """The resolved run config saved in a checkpoint folder (of a ``stage``: pretrain, retriever), on
+    top of today's defaults: a key added since the checkpoint was written takes its default (which
+    keeps the old behaviour), so older checkpoints still load; a key that no longer exists is a
+    ``ConfigError`` naming the file."""
     from gsdistill.config import load_config
     path = Path(ckpt) / "config.yaml"
     if not path.is_file():
-        raise MissingFileError(f"{path}: missing")
+        raise MissingFileError(f"{path}: missing; a {stage} checkpoint keeps its run's config there")
     try:
         OmegaConf.load(path)
     except Exception as e:  # yaml / omegaconf parse errors name no file
         raise corrupt(path, e, "YAML") from None
-    return load_config("pretrain", base=path)
+    return load_config(stage, base=path)

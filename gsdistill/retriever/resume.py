@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gsdistill import run_history
 from gsdistill.config import load_config
-from gsdistill.errors import InputError, MissingFileError, TrainingDiverged, TrainingInterrupted, corrupt
+from gsdistill.errors import InputError, TrainingDiverged, TrainingInterrupted
 from gsdistill.pretrain import checkpoint
 from gsdistill.retriever.data import RetrievalData
 
@@ -48,14 +48,7 @@ def epoch_plan(cfg) -> list[str]:
 
 def read_run_config(ckpt: Path) -> DictConfig:
     """The retriever config saved in a checkpoint folder (today's defaults under it)."""
-    path = Path(ckpt) / "config.yaml"
-    if not path.is_file():
-        raise MissingFileError(f"{path}: missing; a retriever checkpoint keeps its run's config there")
-    try:
-        OmegaConf.load(path)
-    except Exception as e:  # yaml / omegaconf parse errors name no file
-        raise corrupt(path, e, "YAML") from None
-    return load_config("retriever", base=path)
+    return checkpoint.read_config(ckpt, stage="retriever")
 
 
 def resume_config(experiment, overrides: list[str]) -> DictConfig:
