@@ -21,7 +21,7 @@ SMOKE = ["data.max_pdf_pages=16", "data.pages_per_pdf=4", "data.eval_fraction=0.
 
 def test_pdfs_pick_the_real_page_recipe(monkeypatch, tmp_path):
     seen = {}
-    monkeypatch.setattr(demo, "run_demo", lambda cfg: seen.update(cfg=cfg) or tmp_path / "report.md")
+    monkeypatch.setattr(demo, "run_demo", lambda cfg, **_: seen.update(cfg=cfg) or tmp_path / "report.md")
     assert demo.main(["--pdfs", str(tmp_path)]) == 0
     cfg = seen["cfg"]
     assert cfg.detect_labels == "publaynet" and cfg.data.detect_train_pages is None
