@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.backbone.depth=1", "model.backbone.img_size=32", "views.global_size=32", "views.local_size=16",
         "model.dino_out_dim=64", "model.dino_hidden_dim=32", "model.dino_bottleneck_dim=16", "model.proj_dim=32"]
 
 
+@pytest.mark.slow  # 2-3 minutes here: eight worker processes, two compiled variants each cold and warm
 def test_gpu_step_runs_old_and_new_side_by_side(tmp_path):
     old = tmp_path / "old"
     for part in ("gsdistill", "configs"):  # this tree as the "old" one: a second copy, imported from there
@@ -36,9 +39,11 @@ def test_gpu_step_runs_old_and_new_side_by_side(tmp_path):
     assert loop["engine_s"] > 0 and loop["loop_s"] > 0
     recipe = res["parts"]["new eager, batch 4"]
     assert recipe["s"] > 0 and recipe["flops"] > 0
-    compiled = res["parts"]["new compiled (aot_eager) vs eager"]
-    assert "error" not in compiled, compiled
-    assert len(compiled["first_steps_s"]) == 3 and compiled["compiled_s"] > 0
+    for variant, graphs in (("step", 1), ("blocks", 4)):  # padded batches: one shape, no recompile
+        compiled = res["parts"][f"new compiled (aot_eager, {variant}) vs eager"]
+        assert "error" not in compiled, compiled
+        assert len(compiled["first_steps_s"]) == len(compiled["warm_first_steps_s"]) == 3 and compiled["compiled_s"] > 0
+        assert compiled["graphs"] == graphs, variant
     report = (out / "gpu_step.md").read_text()
     assert "new / old step time: **" in report and "compiled / eager **" in report
     assert not list(out.glob("*.pt"))  # the batches stay out of the report folder

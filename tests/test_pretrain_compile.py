@@ -135,34 +135,38 @@ def test_a_failed_compile_under_auto_trains_on_eager(capsys):
         assert "train.compile=auto: compiling the step failed" in capsys.readouterr().err
 
 
-def test_compile_default_is_chosen_per_device(monkeypatch):
+def test_compile_default_is_chosen_per_device(monkeypatch, tmp_path):
     """``train.compile: auto`` compiles in one process (one CUDA device, or the CPU with a C++ compiler
-    for inductor's kernels) for a run long enough to earn the compile back (measured on an H100 and on
-    this CPU), never under several processes; true / false are obeyed and anything else is refused at
-    load time, naming the key."""
+    for inductor's kernels) for a run long enough to earn the compile back (measured per device:
+    compile seconds over seconds saved a step), never under several processes; true / false are obeyed
+    and anything else is refused at load time, naming the key."""
     import pytest
 
     from gsdistill.config import load_config
     from gsdistill.pretrain import engine_torch
-    from gsdistill.pretrain.engine_torch import COMPILE_MIN_STEPS, compile_wanted
+    from gsdistill.pretrain.engine_torch import compile_min_steps, compile_wanted
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    auto = load_config("pretrain", None, [f"optim.steps={COMPILE_MIN_STEPS}"])
-    assert auto["train"]["compile"] == "auto"
+    cache = [f"train.compile_cache={tmp_path / 'cache'}"]  # empty: every compile is cold
     monkeypatch.setattr(engine_torch.shutil, "which", lambda name: f"/usr/bin/{name}")
-    assert compile_wanted(auto, cuda) and compile_wanted(auto, cpu)
-    assert not compile_wanted(auto, cuda, world_size=2) and not compile_wanted(auto, cpu, world_size=2)
-    short = load_config("pretrain", None, [f"optim.steps={COMPILE_MIN_STEPS - 1}"])
-    assert not compile_wanted(short, cuda) and not compile_wanted(short, cpu)
+    for device in (cuda, cpu):
+        at = load_config("pretrain", None, [f"optim.steps={compile_min_steps(device.type)}", *cache])
+        below = load_config("pretrain", None, [f"optim.steps={compile_min_steps(device.type) - 1}", *cache])
+        assert at["train"]["compile"] == "auto"
+        assert compile_wanted(at, device) and not compile_wanted(below, device)
+        assert not compile_wanted(at, device, world_size=2)
+        assert compile_min_steps(device.type, warm=True) < compile_min_steps(device.type)
     # the real-page demo (600 steps) and the long benchmark (1,200) stay eager: the compile would not pay
     from omegaconf import OmegaConf
     for recipe in ("pdfs.yaml", "pdfs_long.yaml"):
         overrides = [str(o) for o in OmegaConf.load(Path(__file__).resolve().parents[1] / "configs/demo" / recipe)["pretrain"]]
-        assert not compile_wanted(load_config("pretrain", None, overrides), cpu), recipe
+        assert not compile_wanted(load_config("pretrain", None, [*overrides, *cache]), cpu), recipe
     monkeypatch.setattr(engine_torch.shutil, "which", lambda name: None)  # no C++ compiler: eager
-    assert not compile_wanted(auto, cpu) and compile_wanted(auto, cuda)
+    long_run = load_config("pretrain", None, ["optim.steps=100000", *cache])
+    assert not compile_wanted(long_run, cpu) and compile_wanted(long_run, cuda)
 
-    assert load_config("pretrain", "gpu_vit_s16", [])["optim"]["steps"] >= COMPILE_MIN_STEPS  # the GPU recipe compiles
+    gpu = load_config("pretrain", "gpu_vit_s16", cache)
+    assert gpu["optim"]["steps"] >= compile_min_steps("cuda")  # the GPU recipe compiles
     on, off = load_config("pretrain", None, ["train.compile=true"]), load_config("pretrain", None, ["train.compile=false"])
     assert on["train"]["compile"] is True and off["train"]["compile"] is False
     assert compile_wanted(on, cpu) and not compile_wanted(off, cuda)

@@ -3,18 +3,14 @@ top kernels and their share of the device time (``tools/gpu_check.py``'s profile
 
 The steps are the engine's own (``forward``, ``backward_step``, ``update_teacher``) on a batch of
 random tensors of the recipe's shapes, so data loading is not in it (gpu_check's data-wait column
-is). On the CPU (``gpu_check --cpu``) the same code profiles CPU operators.
+is). On the CPU (``gpu_check --cpu``) the same code profiles CPU operators. The events are read once
+(``gsdistill.pretrain.step_profile.summarise``), not through ``key_averages``, which took minutes over
+a compiled step's events on an H200 (issue 57).
 """
 from __future__ import annotations
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-
-
-def _self_time(event, cuda: bool) -> float:
-    """Self time in µs: on the device (the training loop's profiler's reading), else on the CPU."""
-    from gsdistill.pretrain.step_profile import self_device_us
-    return self_device_us(event) if cuda else float(event.self_cpu_time_total)
 
 
 def profile_steps(experiment: str | None, overrides: list[str], batch: int, device: torch.device,
@@ -24,6 +20,7 @@ def profile_steps(experiment: str | None, overrides: list[str], batch: int, devi
     from gsdistill.models.gsdistill_model import GSDistill
     from gsdistill.pretrain.data_stream import tensor_batch, to_device
     from gsdistill.pretrain.engine_torch import TorchEngine
+    from gsdistill.pretrain.step_profile import read_events, summarise
 
     cfg = load_config("pretrain", experiment, [*overrides, "train.precision=bf16", "train.engine=torch"])
     torch.manual_seed(0)
@@ -46,12 +43,14 @@ def profile_steps(experiment: str | None, overrides: list[str], batch: int, devi
             step()
         if cuda:
             torch.cuda.synchronize(device)
-    # kernels and operators, not the engine's own record_function ranges (CPU time on the CPU)
-    events = [e for e in prof.key_averages() if _self_time(e, cuda) > 0 and not e.key.startswith("gsdistill.")]
-    total = sum(_self_time(e, cuda) for e in events)
-    ranked = sorted(events, key=lambda e: _self_time(e, cuda), reverse=True)[:top]
+    summary = summarise(read_events(prof))
+    # kernels on the device; operators' self time on the CPU, not the engine's own record_function ranges
+    rows = summary["device"] if cuda else {k: v for k, v in summary["self_cpu"].items()
+                                           if not k.startswith("gsdistill.")}
+    total = sum(us for us, _ in rows.values())
+    ranked = sorted(rows.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
     return {"steps": steps, "device_ms_per_step": total / steps / 1e3,
-            "top": [(e.key, _self_time(e, cuda) / total) for e in ranked]}
+            "top": [(name, us / total) for name, (us, _) in ranked]}
 
 
 def profile_row(result: dict, width: int = 48) -> str:

@@ -18,8 +18,12 @@ rewritten after each, so a lease that ends early still returns what finished:
    pinned memory, the loop's reads and checks) vs the bare engine step, on the same batches with no
    DataLoader: what the loop adds, apart from data workers competing for the cores;
 4. new at the recipe's batch (128), eager;
-5. new compiled (``train.compile=true``, inductor) vs new eager: the first step (the compile) and
-   the paired steady-state ratio, abandoned past ``--compile-budget`` seconds.
+5. for each ``--compile-variants`` entry (``train.compile_scope`` and ``train.compile_mode``, e.g. ``step``,
+   ``blocks``, ``step+reduce-overhead``): new compiled (inductor) vs new eager, on the batches padded to
+   the run's bounds as the training stream pads them: the first steps with a fresh inductor cache (the
+   cold compile), the graphs compiled (one shape: no recompile), the paired steady-state ratio, then
+   the first steps of a second process on the same cache (the warm compile); abandoned past
+   ``--compile-budget`` seconds.
 
     python tools/gpu_step.py --old-tree DIR [--batch 64] [--steps 20] [--out DIR]
     (on the CPU, for the tool's own test: --device cpu --experiment "" --override ... --backend aot_eager)
@@ -48,90 +52,12 @@ from bench_step import paired_interval, shared_batch  # noqa: E402
 from gpu_check import bf16_peak  # noqa: E402
 
 from gsdistill.config import load_config  # noqa: E402
+from gsdistill.pretrain.config_checks import check_backbone  # noqa: E402
+from gsdistill.views.fixed_shapes import pad_batch, run_shapes  # noqa: E402
 
-WORKER = r"""
-import json, sys, time, torch
-sys.path.insert(0, sys.argv[1])
-from torch.profiler import ProfilerActivity, profile
-from torch.utils.flop_counter import FlopCounterMode
-from gsdistill.config import load_config
-from gsdistill.models.gsdistill_model import GSDistill
-from gsdistill.losses import validation
-from gsdistill.pretrain import engine_torch
-from gsdistill.pretrain.data_stream import to_device
-validation.set_checks(False)  # as the training loop does after its first step
-cfg = load_config("pretrain", sys.argv[2] or None, json.loads(sys.argv[3]))
-dev, backend = torch.device(sys.argv[5]), sys.argv[6]
-if hasattr(engine_torch, "compile_step"):
-    engine_torch.compile_step = lambda model, b=backend: model.compile(backend=b)
-torch.manual_seed(0)
-engine = engine_torch.TorchEngine(GSDistill(cfg), cfg, dev)
-batches = [to_device(torch.load(f, weights_only=True), dev) for f in json.loads(sys.argv[4])]
-pages = len(batches[0]["sem_emb"])
-done = [0]
-def sync():
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-guard = bool(getattr(engine, "guards_on_device", False))
-def step():  # the loop's step: the old loop read the terms before backward (its non-finite guard)
-    batch = batches[done[0] % len(batches)]
-    done[0] += 1
-    terms = engine.forward(batch)
-    read = [v.detach().float().reshape(()) for v in terms.values() if torch.is_tensor(v) and v.numel() == 1]
-    if not guard:
-        torch.stack(read).tolist()
-    norm = engine.backward_step(terms["total"], 1e-4)
-    engine.update_teacher(0.996)
-    torch.stack([*read, norm.float()] if guard else [norm.float()]).tolist()  # one read after the update
-def timed():
-    sync(); t = time.perf_counter(); step(); sync()
-    return time.perf_counter() - t
-def flops():
-    with FlopCounterMode(display=False) as counter:
-        engine.forward(batches[0])["total"].backward()
-    engine.optimizer.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / pages
-def top(n=8, steps=3):
-    cuda = dev.type == "cuda"
-    sync()
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            step()
-        sync()
-    def own(e):
-        return float(getattr(e, "self_device_time_total", 0.0) if cuda else e.self_cpu_time_total)
-    events = [e for e in prof.key_averages() if own(e) > 0 and not e.key.startswith("gsdistill.")]
-    total = sum(own(e) for e in events)
-    ranked = sorted(events, key=own, reverse=True)[:n]
-    return {"device_ms_per_step": total / steps / 1e3, "kernels_per_step": sum(e.count for e in events) / steps,
-            "top": [[e.key[:90], own(e) / total] for e in ranked]}
-trainer = []
-def loop_step():  # the training loop's own step (Trainer._one_step) on the same batches, no DataLoader
-    if not trainer:
-        import tempfile
-        from gsdistill.pretrain.data_stream import FixedBatches
-        from gsdistill.pretrain.loop import Trainer
-        host = []
-        for f in json.loads(sys.argv[4]):
-            b = torch.load(f, weights_only=True)
-            for k in ("global_crops", "local_crops"):  # uint8 pixels, as the views pipeline sends them
-                b[k] = (b[k] * 40 + 128).clamp(0, 255).to(torch.uint8)
-            if dev.type == "cuda":
-                b = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in b.items()}
-            host.append(b)
-        trainer.append(Trainer(cfg, tempfile.mkdtemp(), engine, FixedBatches(host), device=dev))
-    sync(); t = time.perf_counter(); trainer[0]._one_step(); sync()
-    return time.perf_counter() - t
-def memory():
-    return torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
-import gsdistill
-print(json.dumps({"ready": gsdistill.__file__}), flush=True)
-for line in sys.stdin:
-    what = line.strip()
-    answer = {"step": lambda: {"s": timed()}, "loop": lambda: {"s": loop_step()}, "flops": lambda: {"flops": flops()}, "profile": top,
-              "memory": lambda: {"gib": memory()}}[what]()
-    print(json.dumps(answer), flush=True)
-"""
+
+def patch_size(cfg) -> int:
+    return check_backbone(dict(cfg["model"]["backbone"]))
 
 
 class Worker:
@@ -139,8 +65,8 @@ class Worker:
 
     def __init__(self, tree: Path, args, overrides: list[str], files: list[Path], backend: str = "inductor"):
         tree = tree.resolve()
-        cmd = [sys.executable, "-c", WORKER, str(tree), args.experiment, json.dumps([*args.override, *overrides]),
-               json.dumps([str(f) for f in files]), args.device, backend]
+        cmd = [sys.executable, str(TOOLS / "gpu_step_worker.py"), str(tree), args.experiment,
+               json.dumps([*args.override, *overrides]), json.dumps([str(f) for f in files]), args.device, backend]
         path = [str(tree), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
@@ -201,7 +127,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20, help="timed steps per variant and pair")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend of part 4 (aot_eager in tests)")
-    ap.add_argument("--compile-budget", type=float, default=240, help="seconds for part 4's first step (0: skip)")
+    ap.add_argument("--compile-budget", type=float, default=240, help="seconds for part 5's first steps (0: skip)")
+    ap.add_argument("--compile-variants", default="step,blocks",
+                    help="part 5's compiled workers, comma-separated train.compile_scope[+train.compile_mode] "
+                         "(e.g. step,blocks,step+reduce-overhead); each compiled cold, then again warm")
     ap.add_argument("--out", type=Path, default=Path("runs/gpu_step"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -262,19 +191,37 @@ def main() -> int:
             return out
         part(f"new eager, batch {args.recipe_batch}", recipe)
     if args.compile_budget > 0 and "eager" in new:
-        def compiled() -> dict:
-            start = time.perf_counter()
-            w = Worker(repo, args, ["train.compile=true"], files[args.batch], backend=args.backend)
-            # each masking once (a second one may recompile with dynamic row counts), within the budget
-            first = [w.ask("step", timeout=max(1.0, start + args.compile_budget - time.perf_counter()))["s"]
-                     for _ in range(len(files[args.batch]))]
-            t_eager, t_comp = paired(new["eager"], w, args.steps, warmup=1)
-            out = {"first_steps_s": first, "start_to_steady_s": time.perf_counter() - start,
-                   "eager_s": statistics.median(t_eager), "compiled_s": statistics.median(t_comp),
-                   "ratio": ratio_cell(t_eager, t_comp), "gib": w.ask("memory")["gib"], "profile": w.ask("profile")}
-            w.close()
-            return out
-        part(f"new compiled ({args.backend}) vs eager", compiled)
+        # padded to the run's bounds, as the training stream pads every batch: one shape, one compile
+        padded = [tmp / f"padded{args.batch}_{s}.pt" for s in range(len(files[args.batch]))]
+        shapes = run_shapes(cfg, args.batch, (int(cfg["views"]["global_size"]) // patch_size(cfg),) * 2)
+        for src, dst in zip(files[args.batch], padded):
+            torch.save(pad_batch(torch.load(src, weights_only=True), shapes)[0], dst)
+        eager = Worker(repo, args, EAGER, padded)
+        for variant in args.compile_variants.split(","):
+            scope, _, mode = variant.partition("+")
+            overrides = ["train.compile=true", f"train.compile_scope={scope}", f"train.compile_mode={mode or 'default'}",
+                         f"train.compile_cache={tmp / 'inductor' / variant}"]  # cold: a fresh folder
+
+            def compiled(overrides=overrides) -> dict:
+                start = time.perf_counter()
+
+                def first_steps(w: Worker) -> list[float]:  # each batch once, within the budget
+                    return [w.ask("step", timeout=max(1.0, start + args.compile_budget - time.perf_counter()))["s"]
+                            for _ in padded]
+                w = Worker(repo, args, overrides, padded, backend=args.backend)
+                first = first_steps(w)
+                t_eager, t_comp = paired(eager, w, args.steps, warmup=1)
+                out = {"first_steps_s": first, "start_to_steady_s": time.perf_counter() - start,
+                       "eager_s": statistics.median(t_eager), "compiled_s": statistics.median(t_comp),
+                       "ratio": ratio_cell(t_eager, t_comp), "gib": w.ask("memory")["gib"],
+                       "graphs": w.ask("graphs")["graphs"], "profile": w.ask("profile")}
+                w.close()
+                warm = Worker(repo, args, overrides, padded, backend=args.backend)  # a second run: the folder is warm
+                out["warm_first_steps_s"] = first_steps(warm)
+                warm.close()
+                return out
+            part(f"new compiled ({args.backend}, {variant}) vs eager", compiled)
+        eager.close()
     for w in new.values():
         w.close()
     shutil.rmtree(tmp, ignore_errors=True)
@@ -310,10 +257,13 @@ def report(res: dict) -> str:
                       f"on the side stream, the loop's reads and checks; no DataLoader) {part['loop_s']:.4f} s: "
                       f"loop / engine **{part['ratio']}**", ""]
         elif "compiled_s" in part:
-            lines += [f"first steps (compile): {', '.join(f'{s:.1f}' for s in part['first_steps_s'])} s; eager "
-                      f"{part['eager_s']:.4f} s, compiled {part['compiled_s']:.4f} s, compiled / eager "
-                      f"**{part['ratio']}**, peak {part['gib']:.1f} GiB, "
-                      f"{part['profile']['kernels_per_step']:.0f} kernels/step", ""]
+            b, f = res["batch"], part["profile"]
+            warm = ", ".join(f"{s:.1f}" for s in part.get("warm_first_steps_s", []))
+            lines += [f"first steps (compile, cold cache): {', '.join(f'{s:.1f}' for s in part['first_steps_s'])} s; "
+                      f"a second process (warm cache): {warm or '-'} s; graphs compiled {part.get('graphs', '?')}; "
+                      f"eager {part['eager_s']:.4f} s, compiled {part['compiled_s']:.4f} s ({b / part['compiled_s']:.0f} "
+                      f"pages/s), compiled / eager **{part['ratio']}**, peak {part['gib']:.1f} GiB, "
+                      f"{f['kernels_per_step']:.0f} kernels/step, {f['device_ms_per_step']:.1f} ms device time/step", ""]
         else:
             n = int(name.rsplit(" ", 1)[-1])
             lines += [f"{part['s']:.4f} s/step, {n / part['s']:.0f} pages/s, "

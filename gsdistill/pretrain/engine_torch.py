@@ -7,9 +7,12 @@ the loop uses: ``forward(batch) -> terms``, ``backward_step(total, lr) -> grad_n
 ``model_state()``, ``module``. Here both norms are 0-dim tensors on the device: the loop reads
 them back together, in its one host sync after the update.
 
-``train.compile``: ``torch.compile`` of the whole forward of the step (student and teacher backbones,
-every head, every loss term and the teacher targets) as ONE graph (``nn.Module.compile`` in place:
-parameter names and checkpoints are unchanged; backward is compiled with it by AOTAutograd). The
+``train.compile``: ``torch.compile`` of the step's forward (backward is compiled with it by
+AOTAutograd), in place (parameter names and checkpoints are unchanged). ``train.compile_scope``
+chooses what (:mod:`gsdistill.pretrain.step_compile`): the whole forward as ONE graph (``step``), or
+each ViT block, traced once and reused by the others (``blocks``: PyTorch's regional compilation, a
+third of the compile time on the CPU, less gained a step); ``train.compile_mode`` how (CUDA graphs with
+``reduce-overhead``); ``train.compile_cache`` where inductor keeps its kernels between runs. The
 ViT's iBOT-masking and token hooks are installed once, so nothing breaks the graph. The run's batch
 streams give every batch one shape (``gsdistill.views.fixed_shapes``: texts, boxes, masked views and
 iBOT rows padded to bounds set at the start, with validity flags), so the graph is compiled once for
@@ -19,11 +22,10 @@ arithmetic and guards, and CUDA graphs need static shapes. Only a batch whose iB
 padded (a tool's or a test's own, without ``mask_valid``) still has them marked dynamic, as before, so
 new maskings reuse one symbolic graph. With ``objective.teacher_temp_warmup_steps > 0`` the host-side schedule
 splits it in pieces. A step with the losses' value checks on (the loop's first) runs eager, so the
-run compiles once. The default, ``auto``, was chosen per device by measurement
-(:func:`compile_wanted`; docs/benchmarks.md, "GPU" and "Pretraining step"): on one H100 the compiled
-step of ``gpu_vit_s16`` took 0.52x (batch 64) and 0.60x (batch 128) of the eager one after 110-130 s
-of compiling; on the CPU (the real-page recipe, 16 pages, one thread) 0.85x after 135 s of compiling
-with a cold cache. Both earn the compile back after about 1,500 steps. Under ``auto`` a compile that
+run compiles once. The default, ``auto``, compiles a run long enough to earn the compile back, per
+device, from the measured compile time (cold, or warm when this machine compiled the same step before)
+and the seconds it saves a step (:data:`COMPILE_COST`, :func:`compile_min_steps`; docs/gpu.md, "Compile
+settings"): on CUDA from 1,300 steps (500 warm), on the CPU from 3,100 (300 warm). Under ``auto`` a compile that
 fails (no working C++ compiler or Python headers on the CPU, no Triton on the GPU) is reported and the
 run goes on eager; ``true`` makes it an error.
 """
@@ -44,6 +46,8 @@ from gsdistill.losses.precision import tf32_for_float32_islands
 from gsdistill.losses.validation import checks_enabled
 from gsdistill.pretrain import checkpoint
 from gsdistill.pretrain.data_stream import HOST_INDICES
+from gsdistill.pretrain.step_compile import (CUDAGRAPH_MODES, compile_mode, compile_scope, compile_step,
+                                             compiled_before, remember_compiled, use_compile_cache)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -74,35 +78,45 @@ def build_adamw(groups: list[dict], optim_cfg, fused: bool = False) -> torch.opt
     return torch.optim.AdamW(groups, **kwargs)
 
 
-# runs shorter than this do not earn back the compile: on an H100 it took 110-130 s and saves 0.07-0.09 s
-# a step at gpu_vit_s16 (docs/benchmarks.md, "GPU"); on the CPU 135 s (cold cache) and 0.09 s a step of
-# the real-page recipe at 16 pages on one thread, 0.85x of eager (docs/benchmarks.md, "The packed step")
-COMPILE_MIN_STEPS = 1500
+# What compiling the whole step (the default scope) costs and saves, measured: (cold compile s, warm compile
+# s, seconds saved a step); a run earns its compile back after compile / saved steps. CUDA: gpu_vit_s16 at
+# batch 128: cold 91.6 s (an H200, issue 57's run), warm 35 s (an H100, the third lease), the step 0.093 s
+# compiled against 0.166 s eager (the H200). CPU: the demo recipe (ViT-Tiny, 4 blocks, batch 16), one
+# thread, CPU seconds with the C++ compiler's, medians of 3 runs (docs/benchmarks.md, "Compile in seconds"):
+# cold 84.1 s, warm 8.2 s, 0.028 s saved of a 0.38 s step. Cold: an empty cache folder; warm: this machine
+# compiled the same step into it before (step_compile.compiled_before). The regional scope compiles in a
+# third of the time but saves a fourth as much a step on the CPU: its cold break-even is later (4,100).
+COMPILE_COST = {"cuda": (91.6, 35.0, 0.073), "cpu": (84.1, 8.2, 0.028)}
 CXX_COMPILERS = ("g++", "c++", "clang++")  # inductor writes and builds C++ kernels for the CPU
+
+
+def compile_min_steps(device_type: str, warm: bool = False) -> int:
+    """The shortest run ``train.compile: auto`` compiles on ``device_type``: compile seconds over seconds
+    saved a step, rounded up to a hundred (CUDA 1,300 cold, 500 warm; the CPU 3,100 cold, 300 warm)."""
+    cold, warm_s, saved = COMPILE_COST[device_type]
+    return math.ceil((warm_s if warm else cold) / saved / 100) * 100
 
 
 def compile_wanted(cfg, device: torch.device, world_size: int = 1) -> bool:
     """``train.compile``: true / false as given; ``auto``: on for one process (one CUDA device, or the
-    CPU where a C++ compiler is installed) and a run of at least :data:`COMPILE_MIN_STEPS` steps, off
-    otherwise (several processes, where the compiled step has not been measured)."""
+    CPU where a C++ compiler is installed) and a run of at least :func:`compile_min_steps` steps, warm
+    when the cache folder holds this step already; off otherwise (several processes, where the compiled
+    step has not been measured)."""
     setting = cfg["train"].get("compile", "auto")
-    if setting == "auto":
-        if world_size != 1 or int(cfg["optim"]["steps"]) < COMPILE_MIN_STEPS:
-            return False
-        if device.type == "cpu":
-            return any(shutil.which(c) for c in CXX_COMPILERS)
-        return device.type == "cuda"
-    return bool(setting)
-
-
-def compile_step(model: nn.Module, backend="inductor") -> None:
-    """Compile ``model``'s forward in place (see the module docstring); ``backend``: ``aot_eager``
-    in tests (the same graph capture and autograd, no code generation)."""
-    model.compile(backend=backend)
+    if setting != "auto":
+        return bool(setting)
+    if world_size != 1 or device.type not in COMPILE_COST:
+        return False
+    if device.type == "cpu" and not any(shutil.which(c) for c in CXX_COMPILERS):
+        return False
+    return int(cfg["optim"]["steps"]) >= compile_min_steps(device.type, warm=compiled_before(cfg, device))
 
 
 class TorchEngine:
     """Single process or DDP (gloo on CPU, nccl on CUDA) around a GSDistill model."""
+
+    cudagraphs = False  # the compiled code replays CUDA graphs (train.compile_mode): each step marks its start
+    _remember = None
 
     def __init__(self, model: nn.Module, cfg, device: torch.device, world_size: int = 1):
         self.module = model.to(device)
@@ -121,8 +135,18 @@ class TorchEngine:
         self.compiled = compile_wanted(cfg, device, world_size)
         self.compile_optional = cfg["train"].get("compile", "auto") == "auto"  # a failed compile falls back
         self.compile_failed = False
+        self._remember = None  # notes in the cache folder that this step compiled, after its first compiled call
         if self.compiled:
-            compile_step(model)
+            mode = compile_mode(cfg, device, say=True)
+            self.cudagraphs = mode in CUDAGRAPH_MODES
+            warm = compiled_before(cfg, device)
+            folder = use_compile_cache(cfg["train"].get("compile_cache", "auto"))
+            compile_step(model, scope=compile_scope(cfg), mode=mode)
+            print(f"[pretrain] train.compile: the {compile_scope(cfg)} scope, mode {mode}, compiled at the first "
+                  f"unchecked step; inductor's cache {folder or 'off'}"
+                  f"{' (this step compiled into it before: a warm compile)' if warm else ''}",
+                  file=sys.stderr, flush=True)
+            self._remember = lambda: remember_compiled(cfg, device)
         if world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
             # buffers (text queues, DINO centres) evolve identically on every rank: no broadcast
@@ -139,18 +163,29 @@ class TorchEngine:
                     maybe_mark_dynamic(batch[key], 0)
         # the checked step (the first; every step with train.debug_checks) runs eager: its value checks
         # read tensors on the host, which broke the graph, and the next step compiled anew
+        eager = self.compile_failed or (self.compiled and checks_enabled())
         try:
-            return self._call(batch, force_eager=self.compile_failed or (self.compiled and checks_enabled()))
+            terms = self._call(batch, force_eager=eager)
         except torch._dynamo.exc.BackendCompilerFailed as e:  # raised before the graph ran: state intact
             if not self.compile_optional:
                 raise
             self._report_failed_compile(e)
             return self._call(batch, force_eager=True)
+        if not eager and self._remember is not None:  # compiled: a second run may count on a warm cache
+            self._remember()
+            self._remember = None
+        return terms
 
     def _call(self, batch: dict, force_eager: bool) -> dict[str, torch.Tensor]:
         eager = torch.compiler.set_stance("force_eager") if force_eager else nullcontext()
+        if self.cudagraphs and not force_eager:
+            # a new step: the graphs may overwrite the last step's outputs, which nothing reads now
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast), eager:
-            return self.wrapped(batch)
+            terms = self.wrapped(batch)
+        if self.cudagraphs and not force_eager:  # a caller may keep them past the next step's replay,
+            terms = {k: v.clone() for k, v in terms.items()}  # which writes over the graphs' outputs
+        return terms
 
     def _report_failed_compile(self, error: Exception) -> None:
         reason = str(error).strip().splitlines()[0][:300]

@@ -11,29 +11,104 @@ one more warms the profiler up, then ``steps`` are recorded. Written to ``run_di
 - ``top_ops.txt``: wall, operator CPU and device milliseconds per profiled step; the loop's phases
   (its ``gsdistill.*`` ranges: data, the model's parts, backward, optimizer, EMA, the wait for the
   device at the step's one read, logging); then the operators and kernels ranked by self CPU time (the main thread: launches, copies, waits such as
-  ``cudaStreamSynchronize``) and, on CUDA, by self device time;
+  ``cudaStreamSynchronize``) and, on CUDA, the kernels by device time;
 - ``trace.json``: the Chrome trace (``chrome://tracing`` or https://ui.perfetto.dev).
+
+The report reads the profiler's raw (kineto) events once, in one sort and one pass
+(:func:`summarise`). torch's own ``key_averages`` first builds a ``FunctionEvent`` tree and then
+sums each event's device time recursively over its whole subtree, again for every child's "self"
+share: on a compiled step's deep trees of events that ran for more than 76 s on an H200 (issue 57).
 """
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 
 SKIP = 2  # steps before the profiler warms up
+PHASE_PREFIX = "gsdistill."
+_SKIPPED_NAMES = ("[memory]", "[OutOfMemory]")  # allocation records, not time
 
 
-def self_device_us(event) -> float:
-    """An event's self time on the device in µs (torch renamed ``cuda`` to ``device`` in these fields)."""
-    return float(getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0))
+def read_events(prof) -> list[tuple[str, int, int, int, bool]]:
+    """The recorded events as ``(name, thread, start_ns, end_ns, on_device)``, read once from the
+    profiler's kineto results (never through ``prof.events()``, which builds the event tree)."""
+    out = []
+    for e in prof.profiler.kineto_results.events():
+        name, on_device = e.name(), e.device_type() != DeviceType.CPU
+        if e.is_async() or e.is_python_function() or name in _SKIPPED_NAMES:
+            continue
+        if on_device and "user_annotation" in str(e.activity_type()):
+            continue  # a record_function range drawn on the device's timeline: its kernels are counted already
+        start = e.start_ns()
+        out.append((name, e.start_thread_id(), start, start + e.duration_ns(), on_device))
+    return out
 
 
-def ranked_table(events, key, steps: int, top: int) -> list[str]:
-    """``ms/step  calls/step  name`` for the ``top`` events by ``key`` (µs totals)."""
-    ranked = sorted((e for e in events if key(e) > 0), key=key, reverse=True)[:top]
-    return [f"{key(e) / steps / 1e3:10.3f} {e.count / steps:10.1f}  {e.key[:110]}" for e in ranked]
+def summarise(events) -> dict[str, dict[str, list[float]]]:
+    """``{"phases" | "self_cpu" | "device": {name: [µs, calls]}}`` from ``(name, thread, start_ns, end_ns,
+    on_device)`` tuples: the loop's ``gsdistill.*`` ranges with their inclusive time, every host event's
+    self time (its time less that of the events nested in it on its thread, as ``key_averages``
+    nests them), every device event (kernels, copies) with its time. One sort, one pass: linear in
+    the events up to the sort's log factor."""
+    phases, self_cpu, device = (defaultdict(lambda: [0.0, 0]) for _ in range(3))
+    host = []
+    for ev in events:
+        name, _thread, start, end, on_device = ev
+        if on_device:
+            row = device[name]
+            row[0] += (end - start) / 1e3
+            row[1] += 1
+        else:
+            host.append(ev)
+    host.sort(key=lambda e: (e[1], e[2], -e[3]))  # by thread, then outer before inner at the same start
+    stack: list[list] = []  # open events of this thread: [end_ns, row of self_cpu]
+    thread = None
+    for name, tid, start, end, _ in host:
+        if tid != thread:
+            stack, thread = [], tid
+        while stack and stack[-1][0] <= start:
+            stack.pop()
+        us = (end - start) / 1e3
+        if stack and end <= stack[-1][0]:  # nested in the innermost open event: not its self time
+            stack[-1][1][0] -= us
+        row = self_cpu[name]
+        row[0] += us
+        row[1] += 1
+        if name.startswith(PHASE_PREFIX):
+            phase = phases[name]
+            phase[0] += us
+            phase[1] += 1
+        stack.append([end, row])
+    return {"phases": dict(phases), "self_cpu": dict(self_cpu), "device": dict(device)}
+
+
+def ranked_table(rows: dict[str, list[float]], steps: int, top: int) -> list[str]:
+    """``ms/step  calls/step  name`` for the ``top`` rows by time (µs totals)."""
+    ranked = sorted(((us, calls, name) for name, (us, calls) in rows.items() if us > 0), reverse=True)[:top]
+    return [f"{us / steps / 1e3:10.3f} {calls / steps:10.1f}  {name[:110]}" for us, calls, name in ranked]
+
+
+def report_lines(summary: dict, recorded: int, wall_ms: float, top: int, cuda: bool, read: str = "") -> list[str]:
+    """The report's text; ``read``: a second header line (how long the report took)."""
+    cpu_ms = sum(us for us, _ in summary["self_cpu"].values()) / recorded / 1e3
+    device_ms = sum(us for us, _ in summary["device"].values()) / recorded / 1e3
+    device = f", device time {device_ms:.1f} ms/step" if cuda else ""
+    lines = [f"{recorded} profiled steps (after {SKIP} skipped and 1 warm-up): wall {wall_ms:.1f} ms/step, "
+             f"operators' self CPU time {cpu_ms:.1f} ms/step{device}", *([read] if read else []), "",
+             "The loop's phases (CPU ms/step including what they call, calls/step, name; gsdistill.sync is the "
+             "wait for the device at the step's one read):",
+             *ranked_table(summary["phases"], recorded, top), "",
+             "By self CPU time (ms/step, calls/step, name):",
+             *ranked_table(summary["self_cpu"], recorded, top)]
+    if cuda:
+        lines += ["", "By device time (kernels and copies; ms/step, calls/step, name):",
+                  *ranked_table(summary["device"], recorded, top)]
+    return lines
 
 
 class StepProfiler:
@@ -68,23 +143,13 @@ class StepProfiler:
         if self.cuda:
             torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - self._t0) * 1e3 / recorded
+        t0 = time.perf_counter()
         self.out.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(self.out / "trace.json"))
-        events = prof.key_averages()
-        cpu_ms = sum(e.self_cpu_time_total for e in events) / recorded / 1e3
-        lines = [f"{recorded} profiled steps (after {SKIP} skipped and 1 warm-up): wall {wall_ms:.1f} ms/step, "
-                 f"operators' self CPU time {cpu_ms:.1f} ms/step"
-                 + (f", device time {sum(self_device_us(e) for e in events) / recorded / 1e3:.1f} ms/step"
-                    if self.cuda else ""), "",
-                 "The loop's phases (CPU ms/step including what they call, calls/step, name; gsdistill.sync is the "
-                 "wait for the device at the step's one read):",
-                 *ranked_table([e for e in events if e.key.startswith("gsdistill.")],
-                               lambda e: float(e.cpu_time_total), recorded, self.top), "",
-                 "By self CPU time (ms/step, calls/step, name):",
-                 *ranked_table(events, lambda e: float(e.self_cpu_time_total), recorded, self.top)]
-        if self.cuda:
-            lines += ["", "By self device time (ms/step, calls/step, name):",
-                      *ranked_table(events, self_device_us, recorded, self.top)]
+        events = read_events(prof)
+        summary = summarise(events)
+        read = f"This report: {len(events):,} events read once, trace and tables in {time.perf_counter() - t0:.1f} s."
+        lines = report_lines(summary, recorded, wall_ms, self.top, self.cuda, read)
         (self.out / "top_ops.txt").write_text("\n".join(lines) + "\n")
         self.written = True
 
