@@ -4,6 +4,7 @@
     python tools/bench_data.py --pdfs DIR --pages 60 --synthetic 60 --workers 2
     python tools/bench_data.py --build-pages 1000 --build-only    # tuples build: 1 vs 2 workers, memory
     python tools/bench_data.py --embed-pages 411 --embed-only     # tuples embed: today's vs new, memory
+    python tools/bench_data.py --views-cost 256 --against /tmp/old  # issue 56: worker CPU per page, decode costs
 
 Prints pages/s of (1) PDF -> page tuples (render at --dpi + layout), (2) synthetic page
 generation at the pretraining page size, (3) reading shards + MultiCropViews (the pretraining
@@ -40,6 +41,7 @@ from gsdistill.tuples.pdf import pdf_pages
 from gsdistill.tuples.shards import ShardDataset, write_shards
 from gsdistill.tuples.synthetic import generate_pages
 from gsdistill.views.multicrop import MultiCropViews, collate_pretrain
+from bench_views_cost import add_views_cost_arguments, views_cost_report  # noqa: E402  (tools/ is on sys.path)
 
 
 class WithStandInEmbeddings:
@@ -236,7 +238,7 @@ def main() -> None:
     ap.add_argument("--synthetic-build", type=int, default=0,
                     help="pages of the synthetic build section (prepare_synthetic; 0: no such section)")
     ap.add_argument("--recipe", default="gpu_vit_s16", help="pretrain experiment whose page size and readers it uses")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each worker count in the synthetic build section")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each worker count (synthetic build), rounds (views cost)")
     ap.add_argument("--embed-pdfs", type=Path, default=Path("/usr/share/doc/texlive-doc"),
                     help="PDF folder for the tuples embed section (tools/bench_embed.py)")
     ap.add_argument("--embed-pages", type=int, default=0, help="pages the embed section times (0: no embed section)")
@@ -246,7 +248,9 @@ def main() -> None:
     ap.add_argument("--embed-memory", type=int, nargs="*", default=[200, 2000],
                     help="pages of the embed memory runs (none: skip them)")
     ap.add_argument("--embed-only", action="store_true", help="run only the embed section")
-    args = ap.parse_args()
+    add_views_cost_arguments(ap)  # --views-cost PAGES, --against OLD_TREE, --views-batch: tools/bench_views_cost.py
+    if (args := ap.parse_args()).views_cost:
+        return views_cost_report(args)
     if args.synthetic_build:
         with tempfile.TemporaryDirectory() as tmp:
             synthetic_build_section(args, Path(tmp))

@@ -16,7 +16,8 @@ The step is packed as DINOv2 packs it: ONE student backbone call per crop size (
 ``[global views, unmasked copies of the masked ones]``, so no view is encoded twice the same way), one
 teacher call per crop size, and one call of each self-distillation head per network (DINO's pooled
 rows and iBOT's masked patches concatenated when they share a head). Crops may come as ``uint8``
-pixels and are normalised here, on the device (``gsdistill.models.view_batch``).
+pixels and are normalised here, on the device (``gsdistill.models.view_batch``), or as pages and crop rows
+made into views here (``views.device``: ``gsdistill.views.render``, inside the compiled step).
 Each term's value is per rank; cross-rank terms use ``gather_with_grad`` so that gradients averaged
 over ranks (DDP / DeepSpeed) equal those of one process holding the whole batch.
 """
@@ -36,7 +37,7 @@ from gsdistill.models.heads import DINOHead
 from gsdistill.models.local_text import local_sem_term
 from gsdistill.models.page_embeddings import PageEmbeddings
 from gsdistill.models.region_text import region_geom_term
-from gsdistill.models.view_batch import masked_view_index, normalize_crops, whole_view_rows, with_unmasked_copies
+from gsdistill.models.view_batch import masked_view_index, view_pixels, whole_view_rows, with_unmasked_copies
 from gsdistill.models.vit_encoder import encode_views, install_view_hooks
 
 HEADS, POSITIVES = {"semantic": ("sem",), "dual": ("sem", "geom"), "joint": ("joint",)}, ("multi", "single")
@@ -110,6 +111,8 @@ class GSDistill(PageEmbeddings, nn.Module):
                                                   bool(m["learnable_scale"]), float(m["max_logit_scale"]))
         # .get: configs saved before these keys existed (read without the defaults) build the model too
         views = cfg["views"] if "views" in cfg else {}
+        # the sides of views made in the step from pages and crop rows (views.device; gsdistill.views.render)
+        self.view_sizes = (int(views["global_size"]), int(views["local_size"])) if "global_size" in views else None
         self.local_sem, self.max_texts = bool(o.get("local_sem", False)), spans
         if self.local_sem and ("sem" not in self.align or views.get("local_mode") != "spans"):
             raise ValueError("objective.local_sem needs the semantic head (objective.heads semantic or dual) and "
@@ -234,7 +237,7 @@ class GSDistill(PageEmbeddings, nn.Module):
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
         # record_function labels cost nothing without a profiler; tools/bench_pretrain.py times them
-        glob, local = normalize_crops(batch["global_crops"]), normalize_crops(batch["local_crops"])
+        glob, local = view_pixels(batch, self.view_sizes)  # crops, or pages and crop rows made into views here
         n_pages = len(batch["ids"])
         n_global, n_local = glob.shape[0] // n_pages, local.shape[0] // n_pages
         masks = batch["masks"] if self.use_ibot else None

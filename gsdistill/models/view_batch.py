@@ -8,13 +8,31 @@ known on the host (the data pipeline computes them beside ``mask_index``), so no
 device value back.
 
 Crops may come as ``uint8`` pixels (a quarter of the bytes to copy to the device) and are normalised
-here, on the device, with the ImageNet statistics the views pipeline used to apply itself.
+here, on the device, with the ImageNet statistics the views pipeline used to apply itself; or as pages
+and crop rows (``views.device``), made into pixels here, in the step (:func:`view_pixels`).
 """
 from __future__ import annotations
 
 import torch
+from torch.profiler import record_function
 
 from gsdistill.views.pixels import IMAGENET_MEAN, IMAGENET_STD
+from gsdistill.views.render import page_rows, render_views
+
+
+def view_pixels(batch: dict, sizes: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The normalised global and local views of a batch: its crops, or, when it carries pages and crop
+    rows (``views.device``), the views rendered from them (``sizes``: global and local side, from the config)."""
+    if "pages" not in batch:
+        return normalize_crops(batch["global_crops"]), normalize_crops(batch["local_crops"])
+    if sizes is None:
+        raise ValueError("a batch of pages and crop rows needs the views' sizes (a config with a views section)")
+    with record_function("gsdistill.views"):  # the augmentation's share of a profiled step
+        rows = page_rows(batch["pages"])
+        glob = render_views(rows, batch["global_params"], sizes[0])
+        local = render_views(rows, batch["local_params"], sizes[1]) if batch["local_params"].shape[0] else \
+            rows.new_zeros(0, 3, sizes[1], sizes[1], dtype=torch.float32)
+        return scale_pixels(glob), scale_pixels(local)
 
 
 def normalize_crops(crops: torch.Tensor) -> torch.Tensor:
@@ -22,10 +40,15 @@ def normalize_crops(crops: torch.Tensor) -> torch.Tensor:
     normalised, e.g. benchmarks' random batches) are returned unchanged."""
     if crops.dtype != torch.uint8:
         return crops
-    mean = torch.tensor(IMAGENET_MEAN, device=crops.device).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=crops.device).view(1, 3, 1, 1)
+    return scale_pixels(crops.float())
+
+
+def scale_pixels(pixels: torch.Tensor) -> torch.Tensor:
+    """float32 pixels in ``[0, 255]`` -> ``(x / 255 - mean) / std``."""
+    mean = torch.tensor(IMAGENET_MEAN, device=pixels.device).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=pixels.device).view(1, 3, 1, 1)
     # one fused multiply-add: x * (1 / (255 std)) - mean / std
-    return torch.addcmul((-mean / std).expand(crops.shape), crops.float(), (1.0 / (255.0 * std)).expand(crops.shape))
+    return torch.addcmul((-mean / std).expand(pixels.shape), pixels, (1.0 / (255.0 * std)).expand(pixels.shape))
 
 
 def masked_view_index(masks: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,6 +8,8 @@ function of its position and resuming skips the epoch's first batches without au
 Both give every batch of a run one shape (``gsdistill.views.fixed_shapes``: a compiled step compiles once):
 the shard stream pads to bounds from the config and manifest, drawing each batch's iBOT masks at once
 (``batch_masks``) in its workers; :class:`FixedBatches` pads to the largest counts of its batches.
+With ``views.device`` on the GPU (``gsdistill.views.batched_views``) the workers send each page once, padded
+to the run's canvas, with a row of crop parameters per view; the step makes the views' pixels.
 """
 from __future__ import annotations
 
@@ -23,10 +25,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from gsdistill.models.gsdistill_model import masked_patch_index
 from gsdistill.models.view_batch import masked_view_index
+from gsdistill.pretrain.random_batches import ibot_masks, tensor_batch  # noqa: F401  (imported from here)
 from gsdistill.threads import default_threads, limit_worker_threads
 from gsdistill.tuples.errors import DataError
+from gsdistill.views.batched_views import page_canvas, views_in_step
 from gsdistill.views.fixed_shapes import MASK_KEYS, BatchShapes, covering_shapes, pad_batch, run_shapes, shard_manifest
-from gsdistill.views.masking import batch_masks, view_mask
+from gsdistill.views.masking import batch_masks
 
 
 def slice_batch(batch: dict, rank: int, world: int) -> dict:
@@ -42,7 +46,7 @@ def slice_batch(batch: dict, rank: int, world: int) -> dict:
             continue
         if key == "ids":
             out[key] = value[lo:hi]
-        elif isinstance(value, torch.Tensor) and key in ("global_crops", "local_crops", "masks", "region_pool"):
+        elif isinstance(value, torch.Tensor) and key in VIEW_MAJOR:
             views = value.shape[0] // n_pages
             out[key] = value.reshape(views, n_pages, *value.shape[1:])[:, lo:hi].reshape(views * per, *value.shape[1:])
         elif isinstance(value, torch.Tensor):
@@ -53,6 +57,7 @@ def slice_batch(batch: dict, rank: int, world: int) -> dict:
 
 
 HOST_INDICES = MASK_KEYS  # with their padding flags (fixed_shapes.padded_host_indices)
+VIEW_MAJOR = ("global_crops", "local_crops", "global_params", "local_params", "masks", "region_pool")
 
 
 def host_indices(masks: torch.Tensor) -> dict:
@@ -104,11 +109,16 @@ class _EpochBatches:
         self.seed = int(cfg["train"]["seed"])
         v, self.grid = cfg["views"], (int(cfg["views"]["global_size"]) // patch_size,) * 2
         self.mask_prob, self.mask_ratio = float(v["mask_prob"]), tuple(float(r) for r in v["mask_ratio"])
-        self.shapes: BatchShapes = run_shapes(cfg, local_batch, self.grid, shard_manifest(shard_dir))
+        manifest = shard_manifest(shard_dir)
+        self.shapes: BatchShapes = run_shapes(cfg, local_batch, self.grid, manifest)
+        # views made in the step: decided here, in the main process, which knows the training device
+        self.in_step = views_in_step(cfg)
+        self.canvas = page_canvas(shard_dir, manifest) if self.in_step else None
 
     def dataset(self, epoch: int):
         from gsdistill.tuples.shards import ShardDataset
         from gsdistill.tuples.text_cache import fields_for, open_embeddings
+        from gsdistill.views.batched_views import BatchedViews
         from gsdistill.views.multicrop import MultiCropViews
 
         v, d = self.cfg["views"], self.cfg["data"]
@@ -117,11 +127,14 @@ class _EpochBatches:
         cache = open_embeddings(self.shard_dir, fields=fields_for(str(self.cfg["objective"]["positives"])))
         # every views key, local_mode and local_span_px included (a hand-written list here once left them out:
         # runs asking for span-centred local views trained on random ones)
-        views = MultiCropViews.from_config(v, self.patch_size, seed=self.seed * 100003 + epoch * 1009 + self.rank,
-                                           region_boxes=bool(self.cfg["objective"].get("region_geom", False)),
-                                           page_masks=False)
+        kind, extra = (BatchedViews, {"canvas": self.canvas}) if self.in_step else (MultiCropViews, {})
+        views = kind.from_config(v, self.patch_size, seed=self.seed * 100003 + epoch * 1009 + self.rank,
+                                 region_boxes=bool(self.cfg["objective"].get("region_geom", False)),
+                                 page_masks=False, **extra)
+        # views made in the step decode the shard's bytes themselves (OpenCV: BatchedViews)
         dataset = ShardDataset(self.shard_dir, shuffle_buffer=int(d["shuffle_buffer"]), seed=self.seed,
-                               rank=self.rank, world_size=self.world, transform=views, embeddings=cache)
+                               rank=self.rank, world_size=self.world, transform=views, embeddings=cache,
+                               decode_images=not self.in_step)
         dataset.set_epoch(epoch)
         return dataset
 
@@ -151,7 +164,10 @@ class _EpochBatches:
         while made < count:  # pages beyond would make batches other workers cannot match this epoch
             batch.append(next(pages))
             if len(batch) == self.local_batch:
-                yield pad_batch(collate_pretrain(batch, self._masks(batch, epoch)), self.shapes)
+                padded, cut = pad_batch(collate_pretrain(batch, self._masks(batch, epoch)), self.shapes)
+                if self.in_step:  # pages larger than the canvas, shrunk to fit it
+                    cut["pages_shrunk"] = sum(s["pages_shrunk"] for s in batch)
+                yield padded, cut
                 made, batch = made + 1, []
 
     def _masks(self, pages: list[dict], epoch: int) -> torch.Tensor:
@@ -159,7 +175,7 @@ class _EpochBatches:
         pages, so a resumed stream draws them again."""
         ids = zlib.crc32("\n".join(str(p["id"]) for p in pages).encode("utf-8"))
         rng = np.random.default_rng([self.seed, epoch, self.rank, ids])
-        n_views = len(pages) * len(pages[0]["global_crops"])
+        n_views = len(pages) * int(self.cfg["views"]["n_global"])
         return torch.from_numpy(batch_masks(n_views, self.grid, self.mask_prob, self.mask_ratio, rng))
 
 
@@ -250,50 +266,3 @@ class ShardBatches:
             print(f"[pretrain] a batch exceeded the fixed batch shapes {self.shapes} and was cut to them ({cut}); "
                   "counted in the stream's `cut`", file=sys.stderr, flush=True)
         self.cut.update(cut)
-
-
-def ibot_masks(views, n_views: int, grid: tuple[int, int], seed: int = 0, mean: bool = False) -> torch.Tensor:
-    """``bool[n_views, h*w]`` iBOT masks as the views pipeline draws them (``view_mask``: each view
-    masked with ``views.mask_prob``, a block mask over a share drawn from ``views.mask_ratio``).
-    ``mean=True``: the average batch instead of a draw -- exactly ``round(mask_prob * n_views)`` views
-    masked, each at the middle of ``mask_ratio``. A step's FLOPs are linear in the masked views and
-    their masked patches, so this batch counts the expected FLOPs of a training step (gpu_check's
-    share of the peak), where a 2-page draw masks anywhere from 0 to 4 of its views."""
-    rng = np.random.default_rng(seed)
-    prob, ratio = float(views["mask_prob"]), tuple(float(r) for r in views["mask_ratio"])
-    if not mean:
-        return torch.stack([torch.from_numpy(view_mask(grid, prob, ratio, rng)) for _ in range(n_views)])
-    masks = torch.zeros(n_views, grid[0] * grid[1], dtype=torch.bool)
-    share = (ratio[0] + ratio[1]) / 2
-    for i in range(int(round(prob * n_views))):
-        masks[i] = torch.from_numpy(view_mask(grid, 1.0, (share, share), rng))
-    return masks
-
-
-def tensor_batch(cfg, n_pages: int, seed: int = 0, n_texts: int = 6, patch_size: int = 16,
-                 mean_masks: bool = False) -> dict:
-    """A ``collate_pretrain``-shaped batch of random tensors (benchmarks, engine tests): normalised
-    image noise, random unit text embeddings, padded span lists, iBOT masks drawn as the views
-    pipeline draws them (:func:`ibot_masks`; ``mean_masks``: the average masking)."""
-    v, text_dim = cfg["views"], int(cfg["model"]["text_dim"])
-    g = torch.Generator().manual_seed(seed)
-    ng, nl, gs, ls = int(v["n_global"]), int(v["n_local"]), int(v["global_size"]), int(v["local_size"])
-    masks = ibot_masks(v, ng * n_pages, (gs // patch_size, gs // patch_size), seed, mean=mean_masks)
-
-    def unit(*shape):
-        return torch.nn.functional.normalize(torch.randn(*shape, generator=g), dim=-1)
-
-    sem_valid = torch.arange(n_texts)[None, :] < torch.randint(1, n_texts + 1, (n_pages, 1), generator=g)
-    geom_valid = torch.arange(n_texts)[None, :] < torch.randint(1, n_texts + 1, (n_pages, 1), generator=g)
-    batch = {"global_crops": torch.randn(ng * n_pages, 3, gs, gs, generator=g),
-             "local_crops": torch.randn(nl * n_pages, 3, ls, ls, generator=g), "masks": masks,
-             "sem_emb": unit(n_pages, n_texts, text_dim), "sem_valid": sem_valid,
-             "geom_emb": unit(n_pages, n_texts, text_dim), "geom_valid": geom_valid,
-             "sp_sem_emb": unit(n_pages, text_dim), "sp_geom_emb": unit(n_pages, text_dim),
-             "sp_joint_emb": unit(n_pages, text_dim), "ids": [f"page-{seed}-{i}" for i in range(n_pages)]}
-    if cfg["objective"].get("region_geom", False):  # each valid box covers a random third of the cells
-        cells = (torch.rand(ng * n_pages, n_texts, (gs // patch_size) ** 2, generator=g) < 0.3).float()
-        cells[..., 0] = 1.0
-        cells = cells * geom_valid.repeat(ng, 1)[..., None]
-        batch["region_pool"] = cells / cells.sum(-1, keepdim=True).clamp_min(1.0)
-    return batch

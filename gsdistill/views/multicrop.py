@@ -26,6 +26,8 @@ also carries ``local_span_mask``: per local view, which of the page's first ``ma
 rows of its ``sem_emb``) it shows, for the local text term (``objective.local_sem``).
 
 Crops are ``uint8`` pixels (``gsdistill.views.pixels``): the model normalises them on its device.
+With ``views.device`` on a GPU (``gsdistill.views.batched_views``) the same class draws every choice and
+tracks every box, and the pixels are cut, resized and jittered for the whole batch in the training step.
 
 ``collate_pretrain`` stacks samples into the view-major batch the model consumes
 (:meth:`gsdistill.models.gsdistill_model.GSDistill.forward`): every page's view 0, then every
@@ -41,40 +43,44 @@ import cv2
 import numpy as np
 import torch
 
+from gsdistill.views.collate import collate_pretrain  # noqa: F401  (where callers have always imported it)
 from gsdistill.views.masking import view_mask
 from gsdistill.views.region_pool import layout_only, region_pool_weights
 
 LOCAL_MODES = ("random", "spans")
+# the transforms a view goes through; gsdistill.views.batched_views swaps in twins that draw the same
+# parameters and track the same boxes but leave the pixels to the training step
+OPS = {"crop": A.RandomResizedCrop, "flip": A.HorizontalFlip, "jitter": A.ColorJitter, "gray": A.ToGray,
+       "blur": A.GaussianBlur, "resize": A.Resize}
 
 
 def _pipeline(size: int, scale: tuple[float, float], hflip: bool, color_jitter: float, blur_prob: float,
-              track_boxes: bool) -> A.Compose:
+              track_boxes: bool, ops_of: dict = OPS) -> A.Compose:
     # area interpolation when shrinking: a page shrunk 5x with plain bilinear sampling aliases away
     # thin rules and text lines, and the model would learn views unlike any evaluation page image
-    ops = [A.RandomResizedCrop(size=(size, size), scale=tuple(scale), ratio=(3 / 4, 4 / 3),
-                               area_for_downscale="image")]
+    ops = [ops_of["crop"](size=(size, size), scale=tuple(scale), ratio=(3 / 4, 4 / 3), area_for_downscale="image")]
     if hflip:
-        ops.append(A.HorizontalFlip(p=0.5))
+        ops.append(ops_of["flip"](p=0.5))
     if color_jitter > 0:
         cj = color_jitter
-        ops.append(A.ColorJitter(brightness=cj, contrast=cj, saturation=cj / 2, hue=0.05, p=0.8))
-        ops.append(A.ToGray(p=0.2))
+        ops.append(ops_of["jitter"](brightness=cj, contrast=cj, saturation=cj / 2, hue=0.05, p=0.8))
+        ops.append(ops_of["gray"](p=0.2))
     if blur_prob > 0:
-        ops.append(A.GaussianBlur(blur_limit=(3, 5), p=blur_prob))
+        ops.append(ops_of["blur"](blur_limit=(3, 5), p=blur_prob))
     if not track_boxes:
         return A.Compose(ops)
     return A.Compose(ops, bbox_params=A.BboxParams(format="pascal_voc", label_fields=["labels"],
                                                    clip=True, min_visibility=0.0, filter_invalid_bboxes=True))
 
 
-def _photometric(size: int, color_jitter: float, blur_prob: float) -> A.Compose:
+def _photometric(size: int, color_jitter: float, blur_prob: float, ops_of: dict = OPS) -> A.Compose:
     """Resize an already cut region to ``size`` (area interpolation when shrinking), jitter."""
-    ops = [A.Resize(size, size, interpolation=cv2.INTER_AREA)]
+    ops = [ops_of["resize"](size, size, interpolation=cv2.INTER_AREA)]
     if color_jitter > 0:
         cj = color_jitter
-        ops += [A.ColorJitter(brightness=cj, contrast=cj, saturation=cj / 2, hue=0.05, p=0.8), A.ToGray(p=0.2)]
+        ops += [ops_of["jitter"](brightness=cj, contrast=cj, saturation=cj / 2, hue=0.05, p=0.8), ops_of["gray"](p=0.2)]
     if blur_prob > 0:
-        ops.append(A.GaussianBlur(blur_limit=(3, 5), p=blur_prob))
+        ops.append(ops_of["blur"](blur_limit=(3, 5), p=blur_prob))
     return A.Compose(ops)
 
 
@@ -153,6 +159,8 @@ class MultiCropViews:
     """Callable: page tuple -> ``{"global_crops", "local_crops", "masks", embeddings..., "id"}`` (plus
     ``"global_boxes"``, ``"local_boxes"`` with ``track_boxes``); deterministic for (seed, page id)."""
 
+    OPS = OPS  # the transforms' classes (a subclass may swap them)
+
     def __init__(self, global_size: int = 224, local_size: int = 96, n_global: int = 2, n_local: int = 8,
                  global_scale=(0.32, 1.0), local_scale=(0.05, 0.32), patch_size: int = 16,
                  mask_prob: float = 0.5, mask_ratio=(0.1, 0.5), hflip: bool = False, color_jitter: float = 0.4,
@@ -167,12 +175,12 @@ class MultiCropViews:
         self.mask_prob, self.mask_ratio = float(mask_prob), tuple(mask_ratio)
         self.track_boxes, self.region_boxes, self.patch_size = bool(track_boxes), bool(region_boxes), int(patch_size)
         self.global_tf = _pipeline(global_size, global_scale, hflip, color_jitter, blur_prob,
-                                   self.track_boxes or self.region_boxes)
+                                   self.track_boxes or self.region_boxes, self.OPS)
         if local_mode not in LOCAL_MODES:
             raise ValueError(f"local_mode must be one of {LOCAL_MODES}, got {local_mode!r}")
         self.local_mode, self.local_size, self.local_span_px = local_mode, int(local_size), float(local_span_px)
-        self.local_tf = _pipeline(local_size, local_scale, hflip, color_jitter, blur_prob, self.track_boxes)
-        self.span_tf = _photometric(local_size, color_jitter, blur_prob)
+        self.local_tf = _pipeline(local_size, local_scale, hflip, color_jitter, blur_prob, self.track_boxes, self.OPS)
+        self.span_tf = _photometric(local_size, color_jitter, blur_prob, self.OPS)
         self.seed = int(seed)
         self.page_masks = bool(page_masks)  # False: the batch draws them (views.masking.batch_masks)
 
@@ -193,14 +201,23 @@ class MultiCropViews:
     def _span_view(self, rng: np.random.Generator, page: dict, image: np.ndarray, boxes) -> tuple:
         """(crop, its boxes or None, (window, index of the span it was drawn around))."""
         window, chosen = chosen_span_window(page, self.local_span_px, rng)
+        crop = self._span_crop(image, window, int(rng.integers(2**31)))
+        return crop, (None if boxes is None else _shift_boxes(boxes, window, self.local_size)), (window, chosen)
+
+    def _span_crop(self, image: np.ndarray, window, seed: int) -> torch.Tensor:
+        """The ``uint8 [3, size, size]`` pixels of ``image[window]`` through ``span_tf`` seeded with ``seed``."""
         x0, y0, x1, y1 = window
-        self.span_tf.set_random_seed(int(rng.integers(2**31)))
+        self.span_tf.set_random_seed(seed)
         out = self.span_tf(image=np.ascontiguousarray(image[y0:y1, x0:x1]))
-        tensor = torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1)))
-        return tensor, (None if boxes is None else _shift_boxes(boxes, window, self.local_size)), (window, chosen)
+        return torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1)))
 
     def _view(self, tf: A.Compose, rng: np.random.Generator, image: np.ndarray, boxes) -> tuple:
-        tf.set_random_seed(int(rng.integers(2**31)))
+        return self._crop(tf, int(rng.integers(2**31)), image, boxes)
+
+    def _crop(self, tf: A.Compose, seed: int, image: np.ndarray, boxes) -> tuple:
+        """(``uint8 [3, size, size]`` pixels of the view ``tf`` seeded with ``seed`` makes of ``image``, its boxes
+        or None)."""
+        tf.set_random_seed(seed)
         if boxes is None:
             out = tf(image=image)
         else:
@@ -212,7 +229,9 @@ class MultiCropViews:
                         "labels": list(out["labels"])}
 
     def __call__(self, page: dict) -> dict:
-        image = np.asarray(page["image"].convert("RGB"))
+        return self._views_of(page, np.asarray(page["image"].convert("RGB")))
+
+    def _views_of(self, page: dict, image: np.ndarray) -> dict:
         boxes = page_boxes(page) if self.track_boxes else None
         global_boxes = page_boxes(layout_only(page)) if self.region_boxes and boxes is None else boxes
         rng = np.random.default_rng([self.seed, zlib.crc32(str(page["id"]).encode("utf-8"))])
@@ -242,58 +261,3 @@ class MultiCropViews:
             if key in page:
                 sample[key] = np.asarray(page[key], dtype=np.float32)
         return sample
-
-
-def _pad(rows: list[np.ndarray], dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    longest = max(1, max(len(r) for r in rows))
-    out = torch.zeros(len(rows), longest, dim)
-    valid = torch.zeros(len(rows), longest, dtype=torch.bool)
-    for i, r in enumerate(rows):
-        if len(r):
-            out[i, : len(r)] = torch.from_numpy(r)
-            valid[i, : len(r)] = True
-    return out, valid
-
-
-def collate_pretrain(samples: list[dict], masks: torch.Tensor | None = None) -> dict:
-    """View-major batch (see module docstring). Pages need cached embeddings (``gsdistill tuples embed``).
-    ``masks``: the batch's iBOT masks ``bool[n_global * B, P]`` (``batch_masks``), else the samples' own."""
-    if not samples:
-        raise ValueError("collate_pretrain got an empty batch")
-    missing = [s["id"] for s in samples if "sem_emb" not in s or "geom_emb" not in s]
-    if missing:
-        raise ValueError(f"pages {missing[:3]} have no cached text embeddings; run "
-                         "'gsdistill tuples embed SHARD_DIR' (gsdistill.tuples.embed_stage.embed_shards) first and read the "
-                         "pages with ShardDataset(..., embeddings=text_cache.open_embeddings(SHARD_DIR))")
-    n_g, n_l = len(samples[0]["global_crops"]), len(samples[0]["local_crops"])
-    batch = {"global_crops": torch.stack([s["global_crops"][v] for v in range(n_g) for s in samples]),
-             "masks": masks if masks is not None else torch.stack([s["masks"][v] for v in range(n_g) for s in samples])}
-    if n_l:
-        batch["local_crops"] = torch.stack([s["local_crops"][v] for v in range(n_l) for s in samples])
-    else:
-        size = samples[0]["global_crops"][0].shape[-1]
-        batch["local_crops"] = torch.zeros(0, 3, size, size, dtype=batch["global_crops"].dtype)
-    dim = samples[0]["sem_emb"].shape[-1] if len(samples[0]["sem_emb"].shape) == 2 else 0
-    dim = dim or int(samples[0]["sp_sem_emb"].shape[-1])
-    batch["sem_emb"], batch["sem_valid"] = _pad([s["sem_emb"].reshape(-1, dim) for s in samples], dim)
-    batch["geom_emb"], batch["geom_valid"] = _pad([s["geom_emb"].reshape(-1, dim) for s in samples], dim)
-    for key in ("sp_sem_emb", "sp_geom_emb", "sp_joint_emb"):
-        if all(key in s for s in samples):
-            batch[key] = torch.stack([torch.from_numpy(s[key]) for s in samples])
-    if n_l and all("local_span_mask" in s for s in samples):
-        # page-major [B, n_local, S] (S = sem_emb's padded width), so a rank's slice is its pages' rows
-        shown = torch.zeros(len(samples), n_l, batch["sem_emb"].shape[1], dtype=torch.bool)
-        for i, s in enumerate(samples):
-            for v, m in enumerate(s["local_span_mask"]):
-                shown[i, v, :len(m)] = torch.from_numpy(m)
-        batch["local_span_mask"] = shown
-    if all("region_pool" in s for s in samples):
-        width, cells = batch["geom_emb"].shape[1], samples[0]["region_pool"][0].shape[1]
-        pool = torch.zeros(n_g * len(samples), width, cells)
-        for v in range(n_g):
-            for i, s in enumerate(samples):
-                rows = s["region_pool"][v]
-                pool[v * len(samples) + i, :len(rows)] = torch.from_numpy(rows)
-        batch["region_pool"] = pool
-    batch["ids"] = [s["id"] for s in samples]
-    return batch
