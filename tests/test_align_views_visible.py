@@ -56,7 +56,7 @@ def test_visible_reads_the_masked_pass_only_where_no_mask_fell():
 
 
 def _bench():
-    path = Path(__file__).resolve().parents[1] / "tools" / "bench_pretrain.py"
+    path = Path(__file__).resolve().parents[1] / "tools" / "bench" / "bench_pretrain.py"
     spec = importlib.util.spec_from_file_location("bench_pretrain", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

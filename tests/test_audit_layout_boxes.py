@@ -1,4 +1,4 @@
-"""tools/audit_layout_boxes.py: numbered crops of the builder's Table / Picture boxes, a CSV of them, skips recorded."""
+"""tools/probes/audit_layout_boxes.py: numbered crops of the builder's Table / Picture boxes, a CSV of them, skips recorded."""
 from __future__ import annotations
 
 import csv
@@ -21,7 +21,7 @@ def test_audit_sheets_list_every_table_and_picture_box(tmp_path, draw_ruled_tabl
     doc.save(folder / "one.pdf")
     (folder / "broken.pdf").write_bytes(b"not a pdf at all")
     out = tmp_path / "audit"
-    load_tool("audit_layout_boxes.py").main([str(folder), "--out", str(out), "--sample", "5", "--pages", "2"])
+    load_tool("probes/audit_layout_boxes.py").main([str(folder), "--out", str(out), "--sample", "5", "--pages", "2"])
     rows = list(csv.DictReader(open(out / "boxes.csv")))
     assert [(r["category"], r["file"], r["page"]) for r in rows] == [("Table", "one.pdf", "0"), ("Picture", "one.pdf", "0")]
     assert [float(rows[0][k]) for k in ("x0", "y0", "x1", "y1")] == [150.0, 520.0, 460.0, 592.0]

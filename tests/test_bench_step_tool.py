@@ -1,4 +1,4 @@
-"""``tools/bench_step.py``'s shared batch is what the training loop feeds the model: the views
+"""``tools/bench/bench_step.py``'s shared batch is what the training loop feeds the model: the views
 pipeline's masks plus the host indices ``to_device`` adds. Without those indices the model runs
 ``nonzero``, which breaks a compiled step's graph (the CPU compile once measured 3x slower for it)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from gsdistill.config import load_config
 from gsdistill.pretrain.data_stream import host_indices, to_device
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_step.py"
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench" / "bench_step.py"
 
 
 def _tool():

@@ -12,12 +12,12 @@ import pymupdf
 import pytest
 from PIL import Image, ImageDraw
 
-from gsdistill.tuples.coco import coco_pages, spans_by_box
-from gsdistill.tuples.docbank import docbank_pages, group_tokens, parse_tokens
+from gsdistill.tuples.sources.coco import coco_pages, spans_by_box
+from gsdistill.tuples.sources.docbank import docbank_pages, group_tokens, parse_tokens
 from gsdistill.tuples.errors import SkipLog
-from gsdistill.tuples.images import image_pages, tesseract_available, tesseract_ocr
+from gsdistill.tuples.sources.images import image_pages, tesseract_available, tesseract_ocr
 from gsdistill.tuples.labels import DOCLAYNET_CLASSES
-from gsdistill.tuples.pdf import pdf_pages
+from gsdistill.tuples.sources.pdf import pdf_pages
 
 TEXLIVE = Path("/usr/share/doc/texlive-doc")
 BODY = ("Documents mix text with pictures and tables. " * 6).strip()
@@ -219,7 +219,7 @@ def test_tesseract_reads_rendered_words():
 
 
 def test_reading_order_reads_left_column_before_right():
-    from gsdistill.tuples.pdf_layout_blocks import reading_order
+    from gsdistill.tuples.sources.pdf_layout_blocks import reading_order
     r = lambda name, cat, box: {"category": cat, "bbox": box, "text": name}  # noqa: E731
     regions = [r("R1", "Text", [320, 100, 540, 180]), r("foot", "Page-footer", [300, 760, 310, 770]),
                r("L2", "Text", [72, 200, 290, 300]), r("title", "Title", [72, 50, 540, 80]),

@@ -8,8 +8,8 @@ import yaml
 
 from gsdistill.cli import main as gsdistill
 from gsdistill.embed.cli import main  # the `gsdistill tuples` command (embed included)
-from gsdistill.tuples.shards import read_pages
-from gsdistill.tuples.text_cache import open_embeddings
+from gsdistill.tuples.store.reader import read_pages
+from gsdistill.tuples.store.text_cache import open_embeddings
 
 
 def test_build_synthetic_shards_info_and_saved_config(tmp_path, capsys):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gsdistill.tuples.docbank import group_tokens, parse_tokens
+from gsdistill.tuples.sources.docbank import group_tokens, parse_tokens
 from gsdistill.tuples.labels import to_doclaynet
 
 

@@ -6,11 +6,12 @@ import numpy as np
 from PIL import Image
 
 from gsdistill.config import load_config
-from gsdistill.tuples import build_inputs
-from gsdistill.tuples.build import build_shards
+from gsdistill.tuples.build import inputs as build_inputs
+from gsdistill.tuples.build.driver import build_shards
 from gsdistill.tuples.errors import SkipLog, reason_key
-from gsdistill.tuples.shard_writer import sample_key
-from gsdistill.tuples.shards import read_manifest, read_pages, write_shards
+from gsdistill.tuples.store.writer import sample_key
+from gsdistill.tuples.store.reader import read_manifest, read_pages
+from gsdistill.tuples.store.writer import write_shards
 from test_data_bad_input import fake_ocr, text_pdf
 
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 from PIL import Image
 
-import gsdistill.tuples.shards as shards
-from gsdistill.tuples.shard_split import batches_before, reader_page_count, reader_parts
-from gsdistill.tuples.shards import ShardDataset, read_pages, write_shards
+import gsdistill.tuples.store.reader as shards
+from gsdistill.tuples.store.split import batches_before, reader_page_count, reader_parts
+from gsdistill.tuples.store.reader import ShardDataset, read_pages
+from gsdistill.tuples.store.writer import write_shards
 
 
 def _page(i: int) -> dict:

@@ -8,11 +8,12 @@ import pytest
 import torch
 from PIL import Image
 
-from gsdistill.tuples import text_cache
-from gsdistill.tuples.embed_stage import embed_shards
+from gsdistill.tuples.store import text_cache
+from gsdistill.tuples.embedding.stage import embed_shards
 from gsdistill.tuples.errors import DataError, SkipLog
 from gsdistill.views.masking import block_mask, view_mask
-from gsdistill.tuples.shards import ShardDataset, read_manifest, read_pages, write_shards
+from gsdistill.tuples.store.reader import ShardDataset, read_manifest, read_pages
+from gsdistill.tuples.store.writer import write_shards
 from gsdistill.views.multicrop import MultiCropViews, collate_pretrain
 
 

@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 
 from gsdistill.config import load_config
-from gsdistill.tuples.shards import write_shards
+from gsdistill.tuples.store.writer import write_shards
 from gsdistill.views.multicrop import MultiCropViews
 
 

@@ -108,7 +108,7 @@ def test_pretraining_logged_every_term_finite(demo_run):
 def test_pdf_folder_is_split_by_document_and_bad_files_are_reported(shared_data, tmp_path):
     import shutil
 
-    from gsdistill.tuples.shards import read_manifest, read_pages
+    from gsdistill.tuples.store.reader import read_manifest, read_pages
     from gsdistill.pipelines.demo_pdfs import build_pdf_split
 
     pdfs = tmp_path / "pdfs"

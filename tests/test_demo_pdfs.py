@@ -77,7 +77,7 @@ def test_extra_pdfs_train_the_heads_only_at_the_same_steps(pdf_demo):
     stems = {s: {p.stem for p in (out / "detect" / "data" / "labels" / s).glob("*.txt")} for s in ("train", "val")}
     assert sum("detect-extra" in s for s in stems["train"]) == 4 and not any("detect-extra" in s for s in stems["val"])
     from gsdistill.pipelines.demo_pdfs import same_steps_overrides
-    from gsdistill.tuples.shards import read_pages
+    from gsdistill.tuples.store.reader import read_pages
     assert not any(p["doc_id"].startswith("detect-extra/") for p in read_pages(out / "data" / "train", decode_images=False))
     n = res["detect"]["train_pages"]["pretraining"]
     assert res["detect"]["overrides"][-2:] == same_steps_overrides(load_config("detect", "compare", ["epochs=1", "batch=8"]), n, n + 4)
@@ -107,7 +107,7 @@ def test_long_benchmark_recipe_loads_and_its_script_names_a_missing_folder(tmp_p
     assert pcfg.objective.patch_spread and pcfg.objective.lambda_patch_spread == 4.0
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PDFS": str(tmp_path / "none")}
-    done = subprocess.run(["bash", str(root / "tools" / "real_pages_bench.sh")], env=env, capture_output=True,
+    done = subprocess.run(["bash", str(root / "tools" / "experiments" / "real_pages_bench.sh")], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 2 and f"no PDF folder at {tmp_path / 'none'}" in done.stderr
 

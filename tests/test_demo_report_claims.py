@@ -11,7 +11,7 @@ from gsdistill.detect.map_bootstrap import rows_bootstrap
 from gsdistill.pipelines.demo_report import retrieval_section
 from gsdistill.pipelines.demo_report_detect import detect_section
 from gsdistill.pipelines.report_text import chance_claim, claim
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.sources.synthetic import generate_pages
 
 NO_DIFF = "no measurable difference (the 95 % interval includes 0)"
 REFERENCE = "yolov10n.yaml (stock, all layers trained)"

@@ -7,12 +7,13 @@ import torch
 from scipy.stats import spearmanr
 
 from gsdistill.config import ConfigError
-from gsdistill.tuples import text_cache
-from gsdistill.tuples.embed_stage import embed_shards
+from gsdistill.tuples.store import text_cache
+from gsdistill.tuples.embedding.stage import embed_shards
 from gsdistill.tuples.descriptors import (DEFAULT_FORMAT, FORMATS, LEGACY_FORMAT, box_geometry, box_texts,
                                         check_format, pole_words, single_positive_texts)
 from gsdistill.tuples.errors import DataError
-from gsdistill.tuples.shards import read_pages, write_shards
+from gsdistill.tuples.store.reader import read_pages
+from gsdistill.tuples.store.writer import write_shards
 
 # 500 x 1000 px page: a Table in the upper right, a full-width Text at the bottom, a Caption.
 PAGE = {"id": "p", "width": 500, "height": 1000, "spans": [{"text": "hello"}],
@@ -75,7 +76,7 @@ class _FakeEncoder:
 
 
 def test_switching_format_rebuilds_cache_and_reader_checks_it(tmp_path):
-    from gsdistill.tuples.synthetic import generate_pages
+    from gsdistill.tuples.sources.synthetic import generate_pages
     write_shards(generate_pages(2, seed=3, width=300, height=400), tmp_path)
     meta = tmp_path / "embeddings" / "meta.json"
     embed_shards(tmp_path, _FakeEncoder, "fake", progress=False, descriptor_format=LEGACY_FORMAT)
@@ -101,7 +102,7 @@ def test_switching_format_rebuilds_cache_and_reader_checks_it(tmp_path):
 def test_default_format_keeps_geometry_better_than_legacy():
     """Frozen MiniLM on the Table boxes of fixed synthetic pages (descriptors made with their page's
     context): Spearman(cosine, -L1 of centre and size) of the default format beats the legacy one."""
-    from gsdistill.tuples.synthetic import generate_pages
+    from gsdistill.tuples.sources.synthetic import generate_pages
     from gsdistill.models.text_encoder import TextEncoder
     torch.set_num_threads(1)
     pages = list(generate_pages(50, seed=11, width=300, height=400))

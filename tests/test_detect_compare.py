@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gsdistill.config import load_config
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.sources.synthetic import generate_pages
 from gsdistill.detect.compare import compare_backbones, markdown_table, summarize
 from gsdistill.models.backbone import create_backbone, load_backbone, save_backbone
 

@@ -187,7 +187,7 @@ def test_many_to_one_category_map_scores_against_merged_json(tmp_path):
 
 
 def test_cli_convert_from_shards_and_real_docbank(shared_data, tmp_path):
-    from gsdistill.tuples.shards import write_shards
+    from gsdistill.tuples.store.writer import write_shards
     from gsdistill.detect.cli import main
 
     pages = [_page(f"p{i}", f"d{i}", [("Table", [5, 5, 100, 80]), ("Caption", [5, 90, 100, 100])]) for i in range(4)]

@@ -194,7 +194,7 @@ def test_bootstrap_finds_a_clearly_better_model_and_resamples_documents(tmp_path
 
 def test_converter_records_each_images_document_and_no_stale_stems(tmp_path):
     from gsdistill.detect.convert import pages_to_yolo
-    from gsdistill.tuples.synthetic import generate_pages
+    from gsdistill.tuples.sources.synthetic import generate_pages
 
     pages = list(generate_pages(8, seed=1, width=240, height=300, pages_per_doc=2))
     pages_to_yolo(pages, tmp_path / "d", val_fraction=0.5, seed=0)

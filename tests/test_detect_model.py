@@ -169,7 +169,7 @@ def test_detector_backbone_sees_the_pretraining_normalisation(backbone_dir):
     import numpy as np
 
     from gsdistill.models.view_batch import normalize_crops
-    from gsdistill.tuples.synthetic import generate_pages
+    from gsdistill.tuples.sources.synthetic import generate_pages
 
     page = np.array(next(iter(generate_pages(1, seed=5, width=240, height=208)))["image"].convert("RGB"))
     pixels = torch.from_numpy(page).permute(2, 0, 1)[None].contiguous()

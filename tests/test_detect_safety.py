@@ -125,7 +125,7 @@ def test_one_tensorboard_writer_per_run_closed_at_the_end(tmp_path, monkeypatch)
 
 def test_nbs_sets_the_optimizer_steps_the_run_report_counts(tmp_path):
     """batch 4, nbs 8, no warm-up: Ultralytics steps after every 2nd batch; nbs null steps every batch."""
-    from gsdistill.tuples.synthetic import generate_pages
+    from gsdistill.tuples.sources.synthetic import generate_pages
     from gsdistill.detect.convert import pages_to_yolo
 
     data = pages_to_yolo(generate_pages(6, seed=1, width=200, height=224, pages_per_doc=1), tmp_path / "data",

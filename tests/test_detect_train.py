@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gsdistill.config import load_config
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.sources.synthetic import generate_pages
 from gsdistill.detect.convert import pages_to_yolo
 from gsdistill.detect.pipeline import train_head, validate
 from gsdistill.models.backbone import create_backbone, save_backbone

@@ -12,7 +12,7 @@ from gsdistill.config import load_config
 from gsdistill.detect.convert import pages_to_yolo
 from gsdistill.detect.pipeline import train_head
 from gsdistill.models.backbone import create_backbone, save_backbone
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.sources.synthetic import generate_pages
 
 TINY = {"name": "vit_tiny_patch16_224", "depth": 1, "embed_dim": 64, "num_heads": 2}
 

@@ -1,4 +1,4 @@
-"""``tools/gpu_step.py`` (issue "step" on a GPU) runs end to end on the CPU at tiny sizes: two trees
+"""``tools/gpu/gpu_step.py`` (issue "step" on a GPU) runs end to end on the CPU at tiny sizes: two trees
 side by side, the compiled variant (``aot_eager``), the recipe-batch part, and a report whose numbers
 are those of the workers. With the same tree on both sides, the counted FLOPs must be equal."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ def test_gpu_step_runs_old_and_new_side_by_side(tmp_path):
     for part in ("gsdistill", "configs"):  # this tree as the "old" one: a second copy, imported from there
         shutil.copytree(REPO / part, old / part, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "tools/gpu_step.py", "--old-tree", str(old), "--experiment", "",
+    done = subprocess.run([sys.executable, "tools/gpu/gpu_step.py", "--old-tree", str(old), "--experiment", "",
                            "--device", "cpu", "--batch", "2", "--recipe-batch", "4", "--steps", "3",
                            "--backend", "aot_eager", "--compile-budget", "300", "--out", str(out),
                            "--override", *TINY], cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pymupdf
 import pytest
 
-from gsdistill.tuples.layout_eval import LayoutScores, docbank_pdf_pairs, docbank_truth, iou, match_count
-from gsdistill.tuples.pdf import page_regions
+from gsdistill.tuples.sources.layout_eval import LayoutScores, docbank_pdf_pairs, docbank_truth, iou, match_count
+from gsdistill.tuples.sources.pdf import page_regions
 
 
 def test_iou_and_one_to_one_matching():

@@ -7,7 +7,7 @@ import pymupdf
 import pytest
 from PIL import Image
 
-from gsdistill.tuples.pdf import page_regions
+from gsdistill.tuples.sources.pdf import page_regions
 
 WORDS = ("the method of layout analysis reads every page of a document and finds its regions so that "
          "a model can learn where text tables and figures are placed").split()

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from gsdistill.config import load_config
-from gsdistill.tuples.shards import read_pages, write_shards
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.store.reader import read_pages
+from gsdistill.tuples.store.writer import write_shards
+from gsdistill.tuples.sources.synthetic import generate_pages
 from gsdistill.models.text_encoder import DEFAULT_ENCODER, TextEncoder
-from gsdistill.tuples.embed_stage import embed_shards
-from gsdistill.tuples.text_cache import open_embeddings
+from gsdistill.tuples.embedding.stage import embed_shards
+from gsdistill.tuples.store.text_cache import open_embeddings
 from gsdistill.views.multicrop import MultiCropViews, collate_pretrain
 from gsdistill.eval.head_retrieval import head_retrieval
 from gsdistill.pretrain.checkpoint import load_pretrained

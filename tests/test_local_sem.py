@@ -185,7 +185,7 @@ def test_local_sem_needs_span_views_and_a_semantic_head():
 def test_the_shard_stream_builds_the_views_the_config_names(tmp_path, stream_views_kwargs):
     """local_mode and local_span_px reach the pretraining stream's views (they once did not: runs asking for
     span-centred local views got random ones, and no local view could carry the spans it shows)."""
-    from gsdistill.tuples.shards import write_shards
+    from gsdistill.tuples.store.writer import write_shards
     write_shards([{**_page(f"d-p{i}"), "boxes": [{"category": "Text", "bbox": BOXES[0]}]} for i in range(2)],
                  tmp_path, pages_per_shard=2, progress=False)
     seen = stream_views_kwargs(tmp_path, load_config("pretrain", None, TINY + ["views.local_span_px=72"]))

@@ -6,7 +6,7 @@ import types
 
 from PIL import Image
 
-from gsdistill.tuples import images
+from gsdistill.tuples.sources import images
 
 
 def test_thread_limit_reaches_tesseract_only(monkeypatch):

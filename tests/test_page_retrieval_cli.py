@@ -12,7 +12,7 @@ from test_page_retrieval import FakeTextEncoder, _model_for, _pages
 
 @pytest.fixture
 def page_shards(tmp_path):
-    from gsdistill.tuples.shards import write_shards
+    from gsdistill.tuples.store.writer import write_shards
     pages = _pages(40)
     for p in pages:
         p["source"] = "test"

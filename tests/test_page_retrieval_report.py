@@ -57,19 +57,19 @@ def test_check_held_out_names_shared_documents():
 
 
 def test_split_shards_round_trip(tmp_path):
-    from gsdistill.tuples import shards
+    from gsdistill.tuples.store import reader, writer
     pages = _pages(24)
     for p in pages:
         p["source"] = "test"
-    shards.write_shards(pages, tmp_path / "all", pages_per_shard=8)
+    writer.write_shards(pages, tmp_path / "all", pages_per_shard=8)
     rec = splits.split_shards(tmp_path / "all", tmp_path / "train", tmp_path / "eval", 0.34, seed=0,
                               pages_per_shard=8)
     train_docs, eval_docs = splits.document_ids(tmp_path / "train"), splits.document_ids(tmp_path / "eval")
     assert train_docs == set(rec["train_docs"]) and eval_docs == set(rec["eval_docs"])
     assert len(eval_docs) == 2 and not train_docs & eval_docs
-    ids = sorted(p["id"] for d in ("train", "eval") for p in shards.read_pages(tmp_path / d))
+    ids = sorted(p["id"] for d in ("train", "eval") for p in reader.read_pages(tmp_path / d))
     assert ids == sorted(p["id"] for p in pages)
-    got = {p["id"]: p for p in shards.read_pages(tmp_path / "eval")}
+    got = {p["id"]: p for p in reader.read_pages(tmp_path / "eval")}
     src = next(p for p in pages if p["id"] in got)
     assert [s["text"] for s in got[src["id"]]["spans"]] == [s["text"] for s in src["spans"]]
     assert np.array_equal(np.asarray(got[src["id"]]["image"]), np.asarray(src["image"]))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pymupdf
 
-from gsdistill.tuples.pdf import page_regions
-from gsdistill.tuples.pdf_layout_graphics import _columns_inside
+from gsdistill.tuples.sources.pdf import page_regions
+from gsdistill.tuples.sources.pdf_layout_graphics import _columns_inside
 
 
 def _box(page, rect, width=0.4):

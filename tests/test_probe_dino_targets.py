@@ -1,11 +1,11 @@
-"""tools/probe_dino_targets.py: a DINO head that sends every page to one point gives uniform targets (entropy and
+"""tools/probes/probe_dino_targets.py: a DINO head that sends every page to one point gives uniform targets (entropy and
 the student's cross-entropy at log K at best); a live head gives peaked targets."""
 import math
 
 import torch
 
 from gsdistill.models.gsdistill_model import GSDistill
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.sources.synthetic import generate_pages
 from gsdistill.views.multicrop import MultiCropViews
 from tests.test_pretrain_model import tiny
 from tool_loader import load_tool
@@ -21,7 +21,7 @@ def setup(*extra):
 
 
 def test_a_head_that_sends_every_page_to_one_point_gives_uniform_targets():
-    tool = load_tool("probe_dino_targets.py")
+    tool = load_tool("probes/probe_dino_targets.py")
     model, views = setup()
     for head in (model.dino_head, model.teacher["dino_head"]):
         with torch.no_grad():
@@ -36,7 +36,7 @@ def test_a_head_that_sends_every_page_to_one_point_gives_uniform_targets():
 
 
 def test_a_live_head_gives_peaked_targets():
-    tool = load_tool("probe_dino_targets.py")
+    tool = load_tool("probes/probe_dino_targets.py")
     model, views = setup()
     s = tool.dino_target_stats(model, views, PAGES, batch_size=4)
     assert s["bottleneck_cosine"] < 0.999 and s["target_entropy"] < s["log_K"] - 0.01

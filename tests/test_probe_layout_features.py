@@ -1,4 +1,4 @@
-"""tools/probe_layout_features.py: patch labels follow the boxes, and a probe separates features that carry layout."""
+"""tools/probes/probe_layout_features.py: patch labels follow the boxes, and a probe separates features that carry layout."""
 import numpy as np
 import torch
 
@@ -6,7 +6,7 @@ from tool_loader import load_tool
 
 
 def _tool():
-    return load_tool("probe_layout_features.py")
+    return load_tool("probes/probe_layout_features.py")
 
 
 def test_patch_labels_take_the_box_under_each_patch_centre_smaller_boxes_win():

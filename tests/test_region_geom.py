@@ -122,7 +122,7 @@ def test_total_weighs_the_region_term_by_its_lambda_and_a_batch_without_pools_is
 
 
 def test_the_shard_stream_pools_the_boxes_when_the_objective_asks(tmp_path, stream_views_kwargs):
-    from gsdistill.tuples.shards import write_shards
+    from gsdistill.tuples.store.writer import write_shards
     write_shards([_page(f"d-p{i}") for i in range(2)], tmp_path, pages_per_shard=2, progress=False)
     for flag in (True, False):
         cfg = load_config("pretrain", None, TINY[:-1] + [f"objective.region_geom={str(flag).lower()}"])

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from gsdistill.tuples.errors import DataError
-from gsdistill.tuples.shard_writer import write_shards
-from gsdistill.tuples.synthetic import generate_pages
-from gsdistill.tuples.text_cache import CachedEmbeddings
+from gsdistill.tuples.store.writer import write_shards
+from gsdistill.tuples.sources.synthetic import generate_pages
+from gsdistill.tuples.store.text_cache import CachedEmbeddings
 from gsdistill.errors import CorruptFileError, MissingFileError
 from gsdistill.models.backbone import create_backbone, load_backbone, save_backbone
 from gsdistill.eval import cli as eval_cli

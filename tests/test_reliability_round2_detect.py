@@ -14,7 +14,7 @@ from gsdistill.cli import main
 from gsdistill.detect.checks import check_yolo_dataset
 from gsdistill.detect.convert import DatasetError, pages_to_yolo
 from gsdistill.models.backbone import create_backbone, save_backbone
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.sources.synthetic import generate_pages
 
 TINY = {"name": "vit_tiny_patch16_224", "depth": 1, "embed_dim": 32, "num_heads": 2}
 FAST = ["--config", "cpu_smoke", "imgsz=64", "adapter_channels=16", "random_backbone.depth=1",

@@ -15,9 +15,9 @@ from gsdistill.eval import splits
 from gsdistill.retriever.beir import load_beir, read_qrels
 from gsdistill.retriever.dpr import load_dpr
 from gsdistill.retriever.evaluate import read_trec_run
-from gsdistill.tuples.shard_writer import write_shards
-from gsdistill.tuples.shards import read_pages
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.store.writer import write_shards
+from gsdistill.tuples.store.reader import read_pages
+from gsdistill.tuples.sources.synthetic import generate_pages
 from retriever_fixtures import write_beir
 
 BOM = b"\xef\xbb\xbf"

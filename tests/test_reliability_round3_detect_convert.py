@@ -107,7 +107,7 @@ def test_real_publaynet_examples_still_convert_in_full(shared_data, tmp_path):
 # --- 2. convert outputs against inputs and against other conversions ------------------------------
 
 def _shards(tmp_path: Path) -> Path:
-    from gsdistill.tuples.shards import write_shards
+    from gsdistill.tuples.store.writer import write_shards
     pages = [{"id": f"p{i}", "doc_id": f"d{i}", "image": Image.new("RGB", (120, 160), "white"), "width": 120,
               "height": 160, "spans": [], "source": "t", "boxes": [{"category": "Table", "bbox": [5, 5, 100, 80]}]}
              for i in range(4)]

@@ -21,7 +21,7 @@ from folder_fixtures import hold, tree
 from gsdistill.cli import main
 from gsdistill.detect.convert import pages_to_yolo
 from gsdistill.models.backbone import create_backbone, save_backbone
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.sources.synthetic import generate_pages
 
 TINY = {"name": "vit_tiny_patch16_224", "depth": 1, "embed_dim": 32, "num_heads": 2}
 FAST = ["--config", "cpu_smoke", "imgsz=64", "adapter_channels=16", "random_backbone.depth=1",

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from gsdistill.cli import main as gsdistill
-from gsdistill.tuples.shards import read_manifest, read_pages
+from gsdistill.tuples.store.reader import read_manifest, read_pages
 from test_reliability_tuples import small_pdf
 
 SMALL = ["build.progress=false", "synthetic.width=200", "synthetic.height=260"]

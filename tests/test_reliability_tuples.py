@@ -15,10 +15,10 @@ import pytest
 from gsdistill.cli import main as gsdistill
 from gsdistill.config import load_config
 from gsdistill.tuples.descriptors import span_texts
-from gsdistill.tuples.embed_stage import embed_shards
+from gsdistill.tuples.embedding.stage import embed_shards
 from gsdistill.tuples.errors import DataError
-from gsdistill.tuples.shards import read_pages
-from gsdistill.tuples.text_cache import fields_for, open_embeddings
+from gsdistill.tuples.store.reader import read_pages
+from gsdistill.tuples.store.text_cache import fields_for, open_embeddings
 
 
 class WordEncoder:

@@ -91,7 +91,7 @@ class SlowEncoder:
 
 def test_killing_the_embedding_process_ends_its_busy_encoder_workers(tmp_path):
     script = ("import sys; sys.path.insert(0, sys.argv[1])\n"
-              "from gsdistill.tuples.encode_pool import EncoderPool\n"
+              "from gsdistill.tuples.embedding.encoder_pool import EncoderPool\n"
               "from test_reliability_tuples_procs import SlowEncoder\n"
               "with EncoderPool(SlowEncoder, 'slow', 'cpu', workers=2, batch_size=1) as pool:\n"
               "    print(pool.dim, flush=True)\n"

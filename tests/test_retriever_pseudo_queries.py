@@ -1,4 +1,4 @@
-"""Pseudo-queries from the corpus alone (tools/retriever_pseudo_queries.py) and the training hook."""
+"""Pseudo-queries from the corpus alone (tools/experiments/retriever_pseudo_queries.py) and the training hook."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from tool_loader import load_tool as _load
 
 
 def load_tool():
-    return _load("retriever_pseudo_queries.py")
+    return _load("experiments/retriever_pseudo_queries.py")
 
 
 def corpus() -> RetrievalData:

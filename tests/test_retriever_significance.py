@@ -1,4 +1,4 @@
-"""Paired bootstrap interval of the table (tools/retriever_table.py)."""
+"""Paired bootstrap interval of the table (tools/experiments/retriever_table.py)."""
 from __future__ import annotations
 
 import numpy as np

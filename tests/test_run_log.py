@@ -62,7 +62,7 @@ def test_stage_plots_go_through_the_layer(tmp_path):
     assert Image.open(plot_results(results, tmp_path / "training.png")).size == (1000, 400)
     (tmp_path / "empty.csv").write_text("epoch,train/box_loss\n")
     assert plot_results(tmp_path / "empty.csv", tmp_path / "none.png") is None
-    spec = importlib.util.spec_from_file_location("retriever_table", ROOT / "tools" / "retriever_table.py")
+    spec = importlib.util.spec_from_file_location("retriever_table", ROOT / "tools" / "experiments" / "retriever_table.py")
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
     rows = [{"key": "zero_shot", "nDCG@10": "0.30"}, {"key": "single_lh", "nDCG@10": "0.31"},

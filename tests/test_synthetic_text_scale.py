@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.sources.synthetic import generate_pages
 
 
 def _page_header_height(pages) -> float:

@@ -7,7 +7,7 @@ import torch
 from gsdistill.models.gsdistill_model import GSDistill
 from gsdistill.pipelines.demo_learning import mean_pairwise_cosine, teacher_logit_spread
 from gsdistill.pipelines.demo_report import distill_verdict
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.sources.synthetic import generate_pages
 from tests.test_pretrain_model import tiny
 
 PAGES = list(generate_pages(6, seed=5, width=240, height=300, pages_per_doc=2))

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from gsdistill.tuples import text_cache
-from gsdistill.tuples.embed_stage import embed_shards
-from gsdistill.tuples.shards import read_pages, write_shards
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.store import text_cache
+from gsdistill.tuples.embedding.stage import embed_shards
+from gsdistill.tuples.store.reader import read_pages
+from gsdistill.tuples.store.writer import write_shards
+from gsdistill.tuples.sources.synthetic import generate_pages
 
 
 class _CountingEncoder:

@@ -18,7 +18,7 @@ import torch
 from views_device_pages import both_paths, rendered, view_stats
 
 from gsdistill.config import load_config
-from gsdistill.tuples.synthetic import generate_pages
+from gsdistill.tuples.sources.synthetic import generate_pages
 
 TOLERANCE = {"mean": 0.005, "contrast": 0.01, "blur_energy": 0.015}
 

@@ -1,4 +1,5 @@
-"""Import a script under ``tools/`` (not a package) as a module, for tests of its functions."""
+"""Import a script under ``tools/`` (not a package) as a module, for tests of its functions; ``filename`` is
+its path under ``tools/``, e.g. ``probes/probe_dino_targets.py``."""
 from __future__ import annotations
 
 import importlib.util

@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     src = c.add_mutually_exclusive_group(required=True)
     src.add_argument("--coco", help="a COCO layout json (with --images)")
     src.add_argument("--release", help="an official DocLayNet or PubLayNet release folder (with --dataset)")
-    src.add_argument("--synthetic", type=int, metavar="N", help="N synthetic pages (gsdistill.tuples.synthetic)")
+    src.add_argument("--synthetic", type=int, metavar="N", help="N synthetic pages (gsdistill.tuples.sources.synthetic)")
     src.add_argument("--docbank", help="DocBank folder (token .txt + page images): tokens grouped into region boxes")
     src.add_argument("--shards", help="a page-tuple shard dir (gsdistill tuples build ...)")
     c.add_argument("--images", help="image folder of --coco")
@@ -97,12 +97,12 @@ def _source(args) -> str:
 def _page_source(args):
     """Page tuples of --synthetic / --docbank / --shards (boxes already in DocLayNet classes)."""
     if args.docbank:
-        from gsdistill.tuples.docbank import docbank_pages
+        from gsdistill.tuples.sources.docbank import docbank_pages
         return docbank_pages(args.docbank)
     if args.shards:
-        from gsdistill.tuples.shards import read_pages
+        from gsdistill.tuples.store.reader import read_pages
         return read_pages(args.shards, embeddings=False)
-    from gsdistill.tuples.synthetic import generate_pages
+    from gsdistill.tuples.sources.synthetic import generate_pages
     return generate_pages(args.synthetic, seed=args.seed, width=args.size[0], height=args.size[1])
 
 

@@ -71,7 +71,7 @@ def predict(weights: str | Path, source: str | Path, out_dir: str | Path, cfg, o
     from gsdistill.detect.evaluate import checkpoint_imgsz
     from gsdistill.detect.safe_load import load_yolo
     from gsdistill.output_folder import lock_folder
-    from gsdistill.tuples.shard_folder import removed_if_left_empty
+    from gsdistill.tuples.store.folder import removed_if_left_empty
 
     source, weights = Path(source), Path(weights)
     out = _check_out(Path(out_dir), source)

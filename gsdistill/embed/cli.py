@@ -3,7 +3,7 @@
 :mod:`gsdistill.tuples.cli` parses the command and runs ``build`` and ``info``; the data layer never
 imports ``gsdistill.models``, so ``embed`` (which runs ``gsdistill.models.text_encoder``) is handled
 here, one layer above the model, and handed to it. The stage itself is
-:func:`gsdistill.tuples.embed_stage.embed_shards` (shards -> texts -> encoder -> cache).
+:func:`gsdistill.tuples.embedding.stage.embed_shards` (shards -> texts -> encoder -> cache).
 """
 from __future__ import annotations
 
@@ -53,9 +53,9 @@ def embed(args) -> int:
     from gsdistill.models.text_encoder import DEFAULT_ENCODER, TextEncoder
     from gsdistill.output_folder import lock_folder
     from gsdistill.tuples.cli import _config
-    from gsdistill.tuples.embed_stage import embed_shards
-    from gsdistill.tuples.shards import read_manifest
-    from gsdistill.tuples.text_cache import fields_for
+    from gsdistill.tuples.embedding.stage import embed_shards
+    from gsdistill.tuples.store.reader import read_manifest
+    from gsdistill.tuples.store.text_cache import fields_for
     cfg = _config(args)
     e = cfg.embed
     name = e.encoder or DEFAULT_ENCODER

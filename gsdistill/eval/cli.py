@@ -25,7 +25,7 @@ from gsdistill.pretrain.run_folder import pretrain_source, run_config
 def _retrieval(args: argparse.Namespace) -> int:
     from gsdistill.config import load_config
     from gsdistill.output_folder import lock_folder
-    from gsdistill.tuples.shard_folder import removed_if_left_empty
+    from gsdistill.tuples.store.folder import removed_if_left_empty
     cfg = load_config("eval", args.config, args.overrides)
     from gsdistill.threads import apply_threads
     apply_threads(cfg.threads)
@@ -52,7 +52,7 @@ def _checked_out(out_dir: Path, pages_dir: Path, models: list[str]) -> Path:
 
 def _retrieval_into(out_dir: Path, args: argparse.Namespace, cfg, labels: list[str], pages_dir: Path) -> int:
     from gsdistill.config import load_config, save_config
-    from gsdistill.tuples.shards import ShardDataset
+    from gsdistill.tuples.store.reader import ShardDataset
     from gsdistill.eval import splits
     from gsdistill.eval.page_report import write_report
     from gsdistill.models.text_encoder import TextEncoder

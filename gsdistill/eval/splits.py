@@ -41,7 +41,7 @@ def page_doc_id(page: dict) -> str:
 
 def document_ids(shard_dir: str | Path) -> set[str]:
     """Every document id in a shard folder (images are never decoded)."""
-    from gsdistill.tuples.shards import ShardDataset
+    from gsdistill.tuples.store.reader import ShardDataset
     return {page_doc_id(p) for p in ShardDataset(shard_dir, decode_images=False)}
 
 
@@ -75,7 +75,7 @@ def page_fingerprints(page: dict) -> list[str]:
 def content_index(shard_dir: str | Path) -> tuple[set[str], dict[str, str]]:
     """(document ids, content key -> ``doc_id/page id``) of a shard folder, in one pass (images are
     read as bytes, never decoded)."""
-    from gsdistill.tuples.shards import ShardDataset
+    from gsdistill.tuples.store.reader import ShardDataset
     docs, keys = set(), {}
     for page in ShardDataset(shard_dir, decode_images=False):
         doc = page_doc_id(page)
@@ -103,7 +103,7 @@ def document_groups(shard_dir: str | Path) -> list[list[str]]:
     """Every document of a shard folder in a group with the documents it shares a page's image or
     text with (:func:`page_fingerprints`: a copy under another name), groups and members sorted; one
     pass, images read as bytes, never decoded."""
-    from gsdistill.tuples.shards import ShardDataset
+    from gsdistill.tuples.store.reader import ShardDataset
     parent: dict[str, str] = {}
 
     def root(doc: str) -> str:
@@ -141,7 +141,7 @@ def _claim(folder: Path, role: str, option: str, source: Path, overwrite: bool) 
     """Whether ``folder`` may take this side of the split (checked for both sides before either is
     written): empty of shards, the same side of an earlier split of ``source`` (run again), or
     ``overwrite``; another output is refused. True when ``overwrite`` must clear it first."""
-    from gsdistill.tuples.shard_folder import holds_shards, refuse, split_record_of
+    from gsdistill.tuples.store.folder import holds_shards, refuse, split_record_of
     if overwrite or not holds_shards(folder):
         return overwrite
     rec = split_record_of(folder) or {}
@@ -164,8 +164,9 @@ def split_shards(shard_dir: str | Path, train_dir: str | Path, eval_dir: str | P
     ``split.json`` in each records the seed, fraction, both document lists and the groups.
     """
     from gsdistill.output_folder import check_output_dir, lock_folder
-    from gsdistill.tuples.shard_folder import clear, removed_if_left_empty
-    from gsdistill.tuples.shards import ShardDataset, read_manifest, write_shards
+    from gsdistill.tuples.store.folder import clear, removed_if_left_empty
+    from gsdistill.tuples.store.reader import ShardDataset, read_manifest
+    from gsdistill.tuples.store.writer import write_shards
     source = Path(shard_dir)
     outs = {"train": Path(train_dir), "eval": Path(eval_dir)}
     options = {"train": "--train-out", "eval": "--eval-out"}

@@ -4,7 +4,7 @@ hand-written backward.
 ``lse_minus_linear(x, ...)`` never builds a masked copy of ``x``; its backward is one multiply by
 the saved softmax plus a few scattered entries, where autograd's graph for the same formula
 (``logsumexp`` backward, then a gather's scatter and a row sum's expand, each summed into the
-gradient) walks the ``[B, N]`` matrix several more times. ``tools/bench_losses.py`` measures it.
+gradient) walks the ``[B, N]`` matrix several more times. ``tools/bench/bench_losses.py`` measures it.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ mean over used anchors (0, still attached to the graph, when no anchor is used).
 
 Speed: one fused ``log_softmax`` (SumMargLH, JointLH) or one ``fast_lse.lse_minus_linear``
 (SingleLH, Rand1LH, LSEPair) over ``[B, N]``, plus gathers of the few positives (``masks``): each
-costs 1.3-1.9 cross-entropies on the same matrix (``tools/bench_losses.py``).
+costs 1.3-1.9 cross-entropies on the same matrix (``tools/bench/bench_losses.py``).
 """
 from __future__ import annotations
 

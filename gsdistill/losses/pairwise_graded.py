@@ -16,7 +16,7 @@ Default ``neg_samples="auto"``: exact up to ``AUTO_EXACT_MAX = 512`` candidates 
 list when positives grow with it, and #positives x N transcendental calls even with few
 positives: no factorisation exists for ``softplus`` / ``sigmoid`` of pair differences, unlike
 LSEPair's exponentials. At 256 anchors x 4,096 candidates with <= 8 positives the exact mode
-costs ~21x a cross-entropy, 256 samples ~2.5x (``tools/bench_losses.py``, docs/benchmarks.md).
+costs ~21x a cross-entropy, 256 samples ~2.5x (``tools/bench/bench_losses.py``, docs/benchmarks.md).
 Pass ``neg_samples=None`` for the exact loss at any size.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ On a GPU each of these blocks the Python thread until the device has caught up: 
 and ops whose output shape depends on the data (``nonzero``, boolean-mask indexing,
 ``masked_select``, ``unique``, ``repeat_interleave`` with tensor repeats). ``HostSyncCounter`` sees
 them at the aten level with a ``TorchDispatchMode``, so it counts the same on the CPU as on a GPU
-(tests and ``tools/bench_pretrain.py`` run without one) and sees syncs inside torch's own Python
+(tests and ``tools/bench/bench_pretrain.py`` run without one) and sees syncs inside torch's own Python
 code and in backward passes too. Each sync is recorded with the innermost gsdistill frame that
 caused it (``file:line``), so a test can ask "any sync inside ``gsdistill/losses``?".
 """

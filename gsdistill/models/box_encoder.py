@@ -10,7 +10,7 @@ coordinates (NeRF-style positional encoding, Mildenhall et al. 2020 §5.1): the 
 an embedding whose cosine falls smoothly with the distance of two boxes, the high ones separate
 nearby boxes. Trained jointly with the image model it plays the text tower's role for the
 geometric head; at initialisation it is already a geometry-preserving target (measured by
-``tools/bench_descriptors.py``, docs/learning.md "Geometric targets").
+``tools/bench/bench_descriptors.py``, docs/learning.md "Geometric targets").
 """
 from __future__ import annotations
 

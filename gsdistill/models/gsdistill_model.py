@@ -236,7 +236,7 @@ class GSDistill(PageEmbeddings, nn.Module):
                                   n_iters=self.sinkhorn_iters, logit_bound=1.0 + 1e-2, **rows)
 
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        # record_function labels cost nothing without a profiler; tools/bench_pretrain.py times them
+        # record_function labels cost nothing without a profiler; tools/bench/bench_pretrain.py times them
         glob, local = view_pixels(batch, self.view_sizes)  # crops, or pages and crop rows made into views here
         n_pages = len(batch["ids"])
         n_global, n_local = glob.shape[0] // n_pages, local.shape[0] // n_pages

@@ -71,7 +71,7 @@ def detection_set(cfg, out_dir: Path) -> Path:
         return Path(cfg.detect_set.data)
     data_yaml = out_dir / "detect_data" / "data.yaml"
     if not data_yaml.is_file():
-        from gsdistill.tuples.synthetic import generate_pages
+        from gsdistill.tuples.sources.synthetic import generate_pages
         from gsdistill.detect.convert import pages_to_yolo
         pages = generate_pages(int(cfg.detect_set.synthetic_pages), seed=int(cfg.detect_set.synthetic_seed))
         data_yaml = Path(pages_to_yolo(pages, out_dir / "detect_data", val_fraction=0.25, seed=0))
@@ -82,19 +82,20 @@ def retrieval_pages(cfg) -> tuple[list[dict] | None, Path | None]:
     """Held-out pages: (None, shard dir) when configured, else (synthetic pages in memory, None)."""
     if cfg.held_out.pages:
         return None, Path(cfg.held_out.pages)
-    from gsdistill.tuples.synthetic import generate_pages
+    from gsdistill.tuples.sources.synthetic import generate_pages
     return list(generate_pages(int(cfg.held_out.synthetic_pages), seed=int(cfg.held_out.synthetic_seed))), None
 
 
 def geometric_pages(cfg, out_dir: Path, descriptor_format: str) -> list[dict]:
     """Held-out pages with cached descriptor embeddings in ``descriptor_format`` (built once per format)."""
-    from gsdistill.tuples.shards import read_pages, write_shards
+    from gsdistill.tuples.store.reader import read_pages
+    from gsdistill.tuples.store.writer import write_shards
     from gsdistill.models.text_encoder import DEFAULT_ENCODER, TextEncoder
-    from gsdistill.tuples.embed_stage import embed_shards
-    from gsdistill.tuples.text_cache import open_embeddings
+    from gsdistill.tuples.embedding.stage import embed_shards
+    from gsdistill.tuples.store.text_cache import open_embeddings
     folder = Path(cfg.held_out.pages) if cfg.held_out.pages else out_dir / "retrieval_data"
     if not cfg.held_out.pages and not (folder / "manifest.json").is_file():
-        from gsdistill.tuples.synthetic import generate_pages
+        from gsdistill.tuples.sources.synthetic import generate_pages
         write_shards(generate_pages(int(cfg.held_out.synthetic_pages), seed=int(cfg.held_out.synthetic_seed)), folder)
     embed_shards(folder, TextEncoder, DEFAULT_ENCODER, descriptor_format=descriptor_format, progress=False)
     return list(read_pages(folder, embeddings=open_embeddings(folder, required=True, descriptor_format=descriptor_format)))
@@ -147,7 +148,7 @@ def run_row(row: dict, seed: int, cfg, out_dir: Path, data_yaml: Path, eval_page
     t2 = time.perf_counter()
     pages, shard_dir = eval_pages
     if shard_dir is not None:
-        from gsdistill.tuples.shards import ShardDataset
+        from gsdistill.tuples.store.reader import ShardDataset
         pages = ShardDataset(shard_dir)
         eval_docs = splits.document_ids(shard_dir)
     else:

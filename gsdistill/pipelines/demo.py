@@ -26,7 +26,7 @@ PRETRAINED, CONTROL, UNTRAINED = "pretrained", "random backbone, heads trained",
 def build_tuples(cfg, out: Path) -> tuple[Path, Path, dict]:
     """Train and held-out shard dirs (disjoint documents) and what was skipped on the way; synthetic
     pages are built on every core, the training pages in a shard or more per pretraining reader."""
-    from gsdistill.tuples.synthetic_build import build_synthetic
+    from gsdistill.tuples.build.synthetic_sets import build_synthetic
 
     d, train_dir, eval_dir = cfg.data, out / "data" / "train", out / "data" / "eval"
     if cfg.pdfs:
@@ -91,7 +91,7 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     """Head-only detection on the pretrained and a random backbone plus stock YOLOv10n, same budget,
     ``detect_seeds``; trained on pretraining pages, scored on held-out pages (pycocotools); ``paired``:
     pretrained minus random backbone (and minus the reference) with a bootstrap over held-out documents."""
-    from gsdistill.tuples.shards import read_manifest, read_pages
+    from gsdistill.tuples.store.reader import read_manifest, read_pages
     from gsdistill.detect.compare import compare_backbones, summarize
     from gsdistill.detect.convert import pages_to_yolo
     from gsdistill.detect.map_bootstrap import rows_bootstrap
@@ -168,8 +168,8 @@ def human_labels(cfg, det: dict, out: Path) -> dict | None:
 
 def retrieval(cfg, run_dir: Path, control_dir: Path | None, train_dir: Path, eval_dir: Path) -> dict:
     """Both heads, three models, training and held-out pages (``gsdistill.pipelines.demo_learning``)."""
-    from gsdistill.tuples.shards import read_pages
-    from gsdistill.tuples.text_cache import open_embeddings
+    from gsdistill.tuples.store.reader import read_pages
+    from gsdistill.tuples.store.text_cache import open_embeddings
     from gsdistill.pipelines.demo_learning import measure, teacher_logit_spread, untrained_model
     from gsdistill.pretrain.checkpoint import load_pretrained
 
@@ -210,8 +210,8 @@ def run_demo(cfg, overwrite: bool = False) -> Path:
 
 def _run_stages(cfg, out: Path, overwrite: bool) -> Path:
     from gsdistill.models.text_encoder import TextEncoder
-    from gsdistill.tuples.embed_stage import embed_shards
-    from gsdistill.tuples.text_cache import fields_for
+    from gsdistill.tuples.embedding.stage import embed_shards
+    from gsdistill.tuples.store.text_cache import fields_for
     from gsdistill.pipelines.demo_report import write_demo_report
 
     save_config(cfg, out)

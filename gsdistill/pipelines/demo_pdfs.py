@@ -15,11 +15,12 @@ import math
 from pathlib import Path
 
 from gsdistill.config import load_config
-from gsdistill.tuples.build import _doc_id, input_files, per_file, write_skips_csv
-from gsdistill.tuples.build_inputs import file_sha256
+from gsdistill.tuples.build.driver import write_skips_csv
+from gsdistill.tuples.build.inputs import _doc_id, file_sha256, input_files, per_file
 from gsdistill.tuples.errors import DataError, SkipLog
-from gsdistill.tuples.pdf import pdf_pages
-from gsdistill.tuples.shards import read_manifest, write_shards
+from gsdistill.tuples.sources.pdf import pdf_pages
+from gsdistill.tuples.store.reader import read_manifest
+from gsdistill.tuples.store.writer import write_shards
 from gsdistill.eval.splits import split_shards
 
 EXTRA_PREFIX = "detect-extra/"  # doc ids of the extra pages: never equal to a document of --pdfs

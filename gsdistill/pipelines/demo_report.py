@@ -154,7 +154,7 @@ def retrieval_section(ret: dict, heights: dict[str, float], local: tuple[str, di
 
 
 def write_demo_report(cfg, out: Path, run_dir: Path, control_dir: Path | None, info: dict, times: dict) -> Path:
-    from gsdistill.tuples.shards import read_pages
+    from gsdistill.tuples.store.reader import read_pages
     table, change = loss_table(run_dir / "metrics.csv")
     pcfg = load_config("pretrain", run_dir / "config.yaml")
     plots = sorted((run_dir / "plots").glob("*.png")) if (run_dir / "plots").is_dir() else []

@@ -3,7 +3,7 @@
 The demo trains its detection heads on labels that the PDF builder derives from the PDF itself.
 Whether what they learned is layout, and not the builder's habits, shows on pages that people
 labelled: the DocBank samples (arXiv pages, DocBank's 13 token classes grouped into regions and
-mapped onto DocLayNet's classes by :mod:`gsdistill.tuples.docbank`) and the PubLayNet examples
+mapped onto DocLayNet's classes by :mod:`gsdistill.tuples.sources.docbank`) and the PubLayNet examples
 (PubMed pages, PubLayNet's 5 classes). Both are converted to the demo's detection class set and
 every trained detector (same weights, no further training) is scored on them; the pretrained and
 random backbones are compared with the same paired document bootstrap as the held-out PDF pages.
@@ -28,7 +28,7 @@ def _publaynet_map(labels: str) -> dict | None:
 def convert_sets(shared_data: str | Path, out: Path, labels: str) -> dict[str, Path]:
     """Data YAMLs (every page in ``val``) of the human-labelled sets found under ``shared_data``."""
     from gsdistill.detect.convert import coco_to_yolo, pages_to_yolo
-    from gsdistill.tuples.docbank import docbank_pages
+    from gsdistill.tuples.sources.docbank import docbank_pages
 
     names, cmap = LABEL_SETS[labels]
     root, found = Path(shared_data), {}

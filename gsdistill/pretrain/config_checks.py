@@ -55,7 +55,7 @@ def check_backbone(spec: dict, key: str = "model.backbone") -> int:
 def check_synthetic_pages(width: int, height: int, text_scale: float, prefix: str = "data.") -> None:
     """The synthetic generator's own limits, checked by starting it for zero pages (its checks run
     before the first page is drawn), so they are never restated here."""
-    from gsdistill.tuples.synthetic import generate_pages
+    from gsdistill.tuples.sources.synthetic import generate_pages
 
     for keys, args in ((f"{prefix}page_width={width}, {prefix}page_height={height}", (width, height, 1.0)),
                        (f"{prefix}text_scale={text_scale}", (612, 792, text_scale))):
@@ -84,7 +84,7 @@ def _check_text_encoder(cfg) -> None:
     name = str(cfg["model"]["text_encoder"])
     shards = cfg["data"]["shards"]
     if shards:
-        from gsdistill.tuples.text_cache import read_meta
+        from gsdistill.tuples.store.text_cache import read_meta
         try:
             if (read_meta(Path(shards)) or {}).get("encoder") == name:
                 return

@@ -116,8 +116,8 @@ class _EpochBatches:
         self.canvas = page_canvas(shard_dir, manifest) if self.in_step else None
 
     def dataset(self, epoch: int):
-        from gsdistill.tuples.shards import ShardDataset
-        from gsdistill.tuples.text_cache import fields_for, open_embeddings
+        from gsdistill.tuples.store.reader import ShardDataset
+        from gsdistill.tuples.store.text_cache import fields_for, open_embeddings
         from gsdistill.views.batched_views import BatchedViews
         from gsdistill.views.multicrop import MultiCropViews
 
@@ -140,8 +140,8 @@ class _EpochBatches:
 
     def per_reader(self, readers: int) -> int:
         """Whole batches every one of this rank's ``readers`` can make an epoch (the fewest of any)."""
-        from gsdistill.tuples.shard_split import reader_page_count
-        from gsdistill.tuples.shards import ShardDataset
+        from gsdistill.tuples.store.split import reader_page_count
+        from gsdistill.tuples.store.reader import ShardDataset
 
         shard_pages = ShardDataset(self.shard_dir, rank=self.rank, world_size=self.world,
                                    embeddings=False).pages_per_shard()

@@ -68,7 +68,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def build_adamw(groups: list[dict], optim_cfg, fused: bool = False) -> torch.optim.AdamW:
     """AdamW from ``optim.*``; ``fused``: torch's fused kernel (~3x faster than the per-tensor loop
-    on the CPU, tools/bench_pretrain.py's "optimizer" line), the plain one where it is unsupported."""
+    on the CPU, tools/bench/bench_pretrain.py's "optimizer" line), the plain one where it is unsupported."""
     kwargs = dict(lr=float(optim_cfg["lr"]), betas=tuple(optim_cfg["betas"]), eps=float(optim_cfg["eps"]))
     if fused:
         try:

@@ -78,7 +78,7 @@ class LoopPlan:
     engine: str = "torch"  # recorded in each checkpoint's state.json
     name: str = "train"  # progress bar and message prefix
     check_every_step: bool = False  # keep the losses' value checks on after the first step (debugging)
-    log_memory: bool = False  # a peak_mem_gb column (tools/gpu_check.py reads it)
+    log_memory: bool = False  # a peak_mem_gb column (tools/gpu/gpu_check.py reads it)
     profile_steps: int = 0  # torch.profiler over this many steps of the loop (gsdistill.pretrain.step_profile)
     lr_key: str = "optim.lr"  # the config keys named in a TrainingDiverged message
     warmup_key: str = "optim.warmup_steps"

@@ -84,8 +84,8 @@ def resolve_run_dir(cfg, run_dir: Path | None, resumed: Path | None = None) -> P
 def prepare_synthetic(cfg, out_dir: Path) -> Path:
     """Generate, shard and embed ``data.synthetic_pages`` synthetic pages (once per run dir): built
     on every core this process may use, in at least one shard per reader of the run (ranks x
-    ``data.num_workers``; :mod:`gsdistill.tuples.synthetic_build`)."""
-    from gsdistill.tuples.synthetic_build import build_synthetic
+    ``data.num_workers``; :mod:`gsdistill.tuples.build.synthetic_sets`)."""
+    from gsdistill.tuples.build.synthetic_sets import build_synthetic
 
     d = cfg["data"]
     if not (out_dir / "manifest.json").is_file():
@@ -99,8 +99,8 @@ def prepare_synthetic(cfg, out_dir: Path) -> Path:
 def embed_cached(cfg, shard_dir: Path) -> Path:
     """Shard dir with the frozen text encoder's embeddings of every span and box descriptor."""
     from gsdistill.models.text_encoder import TextEncoder
-    from gsdistill.tuples.embed_stage import embed_shards
-    from gsdistill.tuples.text_cache import fields_for
+    from gsdistill.tuples.embedding.stage import embed_shards
+    from gsdistill.tuples.store.text_cache import fields_for
 
     if not (Path(shard_dir) / "manifest.json").is_file():
         raise MissingFileError(f"data.shards={shard_dir}: no manifest.json; build shards with 'gsdistill tuples'")

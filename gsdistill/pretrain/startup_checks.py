@@ -32,7 +32,7 @@ def page_count(cfg, shards: str | None = None) -> tuple[int, str] | None:
     shards = shards or d["shards"]
     if not shards:
         return int(d["synthetic_pages"]), f"data.synthetic_pages={int(d['synthetic_pages'])}"
-    from gsdistill.tuples.shards import read_manifest
+    from gsdistill.tuples.store.reader import read_manifest
 
     if not (Path(shards) / "manifest.json").is_file():
         return None

@@ -1,6 +1,6 @@
 """Config -> data -> (noise) -> training -> held-out evaluation -> saved model, as one call.
 
-Used by ``gsdistill retriever train`` and by ``tools/retriever_table.py``. With a frozen passage
+Used by ``gsdistill retriever train`` and by ``tools/experiments/retriever_table.py``. With a frozen passage
 tower the corpus is encoded once, and those embeddings serve label-noise injection, training and
 evaluation alike; pass ``passage_embeddings`` to reuse them across runs.
 
@@ -172,7 +172,7 @@ def train_and_evaluate(cfg: DictConfig, run_dir: str | Path | None = None,
 
     ``save_model=False`` skips writing the weights (sweeps of many runs would fill the disk).
     ``augment_train(train_data) -> RetrievalData``: extra training queries (same corpus) added
-    before noise and mining, e.g. ``tools/retriever_pseudo_queries.py``; the eval data is untouched.
+    before noise and mining, e.g. ``tools/experiments/retriever_pseudo_queries.py``; the eval data is untouched.
     ``overwrite``: a run folder holding an earlier run is refused unless set; then what that run
     wrote is removed first (``run_folder.RUN_OUTPUTS``; other files stay).
     """

@@ -2,9 +2,9 @@
 
 A layout box becomes a short string, the geometric positive ``b_i`` of paper 003 §5.4. The string
 format is versioned and chosen by ``data.descriptor_format``; the name goes into the text-embedding
-cache key (``gsdistill.tuples.text_cache``), so switching formats rebuilds the cache.
+cache key (``gsdistill.tuples.store.text_cache``), so switching formats rebuilds the cache.
 
-Formats (``FORMATS``; measured by ``tools/bench_descriptors.py``, see docs/learning.md):
+Formats (``FORMATS``; measured by ``tools/bench/bench_descriptors.py``, see docs/learning.md):
 
 * ``cls-xyxy1000-v1`` - the paper's form: class, then x0 y0 x1 y1 in 0..1000 of the page,
   ``"Table 112 430 884 702"``. A frozen sentence encoder embeds the class word and barely the

@@ -60,7 +60,7 @@ def page_canvas(shard_dir: str | Path, manifest: dict | None) -> tuple[int, int]
     shrunk to fit), rounded up to a multiple of :data:`CANVAS_STEP`."""
     import json
 
-    from gsdistill.tuples.shards import iter_tar, list_shards
+    from gsdistill.tuples.store.reader import iter_tar, list_shards
 
     manifest = manifest or {}
     if "max_page_height" in manifest and "max_page_width" in manifest:

@@ -49,7 +49,7 @@ def collate_pretrain(samples: list[dict], masks: torch.Tensor | None = None) -> 
     missing = [s["id"] for s in samples if "sem_emb" not in s or "geom_emb" not in s]
     if missing:
         raise ValueError(f"pages {missing[:3]} have no cached text embeddings; run "
-                         "'gsdistill tuples embed SHARD_DIR' (gsdistill.tuples.embed_stage.embed_shards) first and read the "
+                         "'gsdistill tuples embed SHARD_DIR' (gsdistill.tuples.embedding.stage.embed_shards) first and read the "
                          "pages with ShardDataset(..., embeddings=text_cache.open_embeddings(SHARD_DIR))")
     batch, n_g, n_l = _views(samples)
     batch["masks"] = masks if masks is not None else torch.stack([s["masks"][v] for v in range(n_g) for s in samples])

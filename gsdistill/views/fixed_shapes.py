@@ -81,7 +81,8 @@ def covering_shapes(batches: list[dict]) -> BatchShapes | None:
 
 def shard_manifest(shard_dir: str | Path) -> dict | None:
     """A shard dir's manifest, for the per-page maxima it may record (None without one)."""
-    from gsdistill.tuples.shards import MANIFEST, read_manifest
+    from gsdistill.tuples.store.reader import read_manifest
+    from gsdistill.tuples.store.writer import MANIFEST
 
     return read_manifest(shard_dir) if (Path(shard_dir) / MANIFEST).is_file() else None
 

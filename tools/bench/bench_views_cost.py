@@ -1,0 +1,156 @@
+"""Worker-side CPU time per page of the pretraining stream (issue 56), and what decoding a page costs.
+
+Run through ``tools/bench/bench_data.py --views-cost PAGES --against OLD_TREE`` (see there). Each measurement is
+a child process with one thread (``OMP_NUM_THREADS=1``, OpenCV and torch at 1) that runs what one DataLoader
+worker runs for a rank (``data_stream._EpochBatches.batches``: read the shards, look the text embeddings up,
+decode, make the views, collate, pad, draw the batch's iBOT masks) over embedded synthetic shards of the
+recipe's page size, and reports CPU seconds per page (user + system, all threads). The variants run
+alternately, round after round, so load from other jobs falls on all alike:
+
+- ``old``: the tree at ``--against`` (``git worktree add /tmp/old HEAD``), today's views;
+- ``cpu``: this tree with ``views.device=cpu`` (today's path: should equal ``old``);
+- ``device``: this tree with ``views.device=batched``: the worker side of the GPU path (the pixels are made
+  in the training step, not here; the same work as ``views.device=cuda``).
+
+The ratio device / old per round, its median and a 95 % bootstrap interval over rounds are printed.
+``decode_section``: decode time per page on one core against size on disk for PNG (as the shards store
+it), JPEG and raw pixels, with PIL (today's reader) and OpenCV.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import tempfile
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+CHILD = r"""
+import resource, sys
+from gsdistill.config import load_config
+from gsdistill.pretrain.data_stream import _EpochBatches
+from gsdistill.threads import limit_worker_threads
+limit_worker_threads(1)
+shards, recipe, batch, pages, extra = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
+cfg = load_config("pretrain", recipe, extra)
+batches = _EpochBatches(shards, cfg, 0, 1, batch, 16).batches(0, 0, 1)
+next(batches)  # imports, the first shard opened, the encoder-free caches warm: not a worker's steady state
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+start, seen = cpu(), 0
+for b, _ in batches:
+    seen += len(b["ids"])
+    if seen >= pages:
+        break
+print((cpu() - start) / seen, seen)
+"""
+
+VARIANTS = {"old": [], "cpu": ["views.device=cpu"], "device": ["views.device=batched"]}
+
+
+def worker_cost(tree: Path, shards: Path, recipe: str, batch: int, pages: int, extra: list[str]) -> float:
+    """CPU seconds per page of one worker's stream in a child process importing ``tree``'s gsdistill."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(tree))
+    out = subprocess.run([sys.executable, "-c", CHILD, str(shards), recipe, str(batch), str(pages), *extra],
+                         check=True, capture_output=True, text=True, env=env, cwd=str(tree)).stdout.split()
+    return float(out[0])
+
+
+def prepare_shards(out: Path, recipe: str, pages: int) -> Path:
+    """Embedded synthetic shards of the recipe's pages (built once: the text encoder is the slow part)."""
+    from gsdistill.config import load_config
+    from gsdistill.pretrain.run import prepare_synthetic
+
+    cfg = load_config("pretrain", recipe, [f"data.synthetic_pages={pages}", "data.num_workers=1",
+                                           "train.progress=false", "train.device=cpu"])
+    return prepare_synthetic(cfg, out)
+
+
+def bootstrap_interval(ratios: list[float], draws: int = 10000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile interval of the median ratio over rounds resampled with replacement."""
+    rng = np.random.default_rng(seed)
+    r = np.asarray(ratios)
+    medians = np.median(r[rng.integers(0, len(r), size=(draws, len(r)))], axis=1)
+    return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
+
+
+def views_cost_section(against: Path, tmp: Path, recipe: str, pages: int, batch: int, rounds: int) -> None:
+    here = Path(__file__).resolve().parents[2]  # this checkout's root
+    shards = prepare_shards(tmp / "shards", recipe, pages + batch)
+    trees = {"old": against, "cpu": here, "device": here}
+    costs = {name: [] for name in VARIANTS}
+    for _ in range(rounds):
+        for name, extra in VARIANTS.items():
+            costs[name].append(worker_cost(trees[name], shards, recipe, batch, pages, extra))
+    print(f"\nworker-side CPU per page, {recipe} views ({pages} pages a run after a warm-up batch, batches of {batch}, "
+          f"1 thread; {rounds} rounds, alternating; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
+          "at the end)")
+    print(f"{'variant':<10}{'ms/page (median)':>18}   each round")
+    for name, runs in costs.items():
+        print(f"{name:<10}{1e3 * np.median(runs):>18.2f}   {' '.join(f'{1e3 * r:.2f}' for r in runs)}")
+    for name in ("cpu", "device"):
+        ratios = [n / o for n, o in zip(costs[name], costs["old"])]
+        low, high = bootstrap_interval(ratios)
+        print(f"{name} / old: {np.median(ratios):.3f} [{low:.3f}, {high:.3f}] "
+              "(median of per-round ratios, 95 % bootstrap)")
+
+
+def decode_section(recipe: str, n: int = 24, repeats: int = 3) -> None:
+    """Decode ms per page on one core against KB on disk: PNG as the shards store it, JPEG q90, raw."""
+    import cv2
+    from PIL import Image
+
+    from gsdistill.config import load_config
+    from gsdistill.tuples.sources.synthetic import generate_pages
+
+    cv2.setNumThreads(1)
+    d = load_config("pretrain", recipe).data
+    images = [p["image"] for p in generate_pages(n, seed=5, width=int(d.page_width), height=int(d.page_height),
+                                                 text_scale=float(d.text_scale))]
+
+    def encoded(fmt: str, **kw) -> list[bytes]:
+        out = []
+        for im in images:
+            buf = io.BytesIO()
+            im.save(buf, format=fmt, **kw)
+            out.append(buf.getvalue())
+        return out
+
+    png, jpg = encoded("PNG", compress_level=1), encoded("JPEG", quality=90)
+    raw = [np.asarray(im.convert("RGB")).tobytes() for im in images]
+    shape = (int(d.page_height), int(d.page_width), 3)
+    pil = lambda b: np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))  # noqa: E731  (today's reader)
+    ocv = lambda b: cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR)  # noqa: E731
+    cases = {"PNG (shards today), PIL": (png, pil), "PNG (shards today), OpenCV": (png, ocv),
+             "JPEG q90, PIL": (jpg, pil), "JPEG q90, OpenCV": (jpg, ocv),
+             "raw uint8": (raw, lambda b: np.frombuffer(b, np.uint8).reshape(shape).copy())}
+    print(f"\npage decode on one core ({n} synthetic {recipe} pages, {shape[1]}x{shape[0]}; CPU ms per page, "
+          f"median of {repeats})")
+    print(f"{'storage, decoder':<30}{'KB/page':>10}{'ms/page':>10}")
+    for name, (blobs, decode) in cases.items():
+        times = []
+        for _ in range(repeats):
+            start = time.process_time()
+            for b in blobs:
+                decode(b)
+            times.append((time.process_time() - start) / len(blobs))
+        print(f"{name:<30}{np.mean([len(b) for b in blobs]) / 1024:>10.1f}{1e3 * np.median(times):>10.2f}")
+
+
+def add_views_cost_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--views-cost", type=int, default=0, help="pages a worker-cost run times (issue 56; only this "
+                    "section and the decode one run; --repeats rounds, --recipe's views)")
+    ap.add_argument("--against", type=Path, default=Path("/tmp/old"),
+                    help="today's tree (git worktree add /tmp/old HEAD)")
+    ap.add_argument("--views-batch", type=int, default=64, help="pages per batch of the worker-cost runs")
+
+
+def views_cost_report(args) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        views_cost_section(args.against, Path(tmp), args.recipe, args.views_cost, args.views_batch, args.repeats)
+    decode_section(args.recipe)
