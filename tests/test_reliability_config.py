@@ -52,7 +52,7 @@ def test_good_values_are_normalised():
     ("eval", "retrieval.aggregation=sum", r"not one of lse \| mean \| max"),
     ("retriever", "train.amp=fp8", r"not one of auto \| bf16 \| fp16 \| off"),
     ("retriever", "train.batch_size=x", r"'train.batch_size': 'x' is not of type int"),
-    ("tuples", "build.image_format=gif", r"not one of png \| jpg"),
+    ("tuples", "build.image_format=gif", r"not one of zst \| png \| jpg"),
     ("ablate", "seeds=3", r"'seeds': 3 is not of type list"),
     ("demo", "data.eval_fraction=1.5", r"out of range \(must be in \[0, 1\]\)"),
 ])

@@ -109,11 +109,12 @@ def test_damaged_json_member_in_tuples_embed_force(tmp_path, capsys, monkeypatch
     assert f"{out / 'shard-000000.tar'}: member {member} is damaged (UnicodeDecodeError" in line
 
 
-def test_damaged_png_member_in_pretrain_with_a_dataloader_worker(tmp_path, capsys):
+@pytest.mark.parametrize("fmt", ["zst", "png"])
+def test_damaged_image_member_in_pretrain_with_a_dataloader_worker(tmp_path, capsys, fmt):
     out = tmp_path / "syn"
     assert gsdistill(["tuples", "build", "--from", "synthetic", "4", "--out", str(out), "build.progress=false",
-                      "synthetic.width=256", "synthetic.height=256"]) == 0
-    member = flip_member_bytes(out / "shard-000000.tar", ".png")
+                      "synthetic.width=256", "synthetic.height=256", f"build.image_format={fmt}"]) == 0
+    member = flip_member_bytes(out / "shard-000000.tar", f".{fmt}")
     cfg = load_config("pretrain")  # the cache pretraining asks for, made here without loading MiniLM
     embed_shards(out, WordEncoder, str(cfg.model.text_encoder), descriptor_format=str(cfg.data.descriptor_format),
                  fields=fields_for(str(cfg.objective.positives)), progress=False)

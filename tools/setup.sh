@@ -22,7 +22,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 # a newer dependency (pytrec_eval, ...) missing from an older .venv installs the package again
-if ! .venv/bin/python -c "import gsdistill, torch, timm, ultralytics, deepspeed, pytrec_eval, pytest, ray, onnxruntime, onnx" >/dev/null 2>&1; then
+if ! .venv/bin/python -c "import gsdistill, torch, timm, ultralytics, deepspeed, pytrec_eval, zstandard, pytest, ray, onnxruntime, onnx" >/dev/null 2>&1; then
   echo "[setup] pip install -e .[dev] (first time: ~2-5 minutes, ~7 GB with CUDA torch)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[dev]"

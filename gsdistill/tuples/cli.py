@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--pages-per-shard", type=int, help="pages per tar shard (build.pages_per_shard)")
     b.add_argument("--max-pages", type=int, help="stop after this many pages in all")
     b.add_argument("--limit", type=int, help="use only the first N input files")
-    b.add_argument("--image-format", choices=["png", "jpg"])
+    b.add_argument("--image-format", choices=["zst", "png", "jpg"])
     b.add_argument("--no-ocr", action="store_true", help="never run Tesseract (ocr.enabled=false)")
     b.add_argument("--workers", type=int, help="shards built at once, >= 1 (build.workers; default: the cores it may use)")
     b.add_argument("--engine", choices=["local", "ray"], help="local process pool or Ray tasks (build.engine)")

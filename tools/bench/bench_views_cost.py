@@ -7,14 +7,16 @@ decode, make the views, collate, pad, draw the batch's iBOT masks) over embedded
 recipe's page size, and reports CPU seconds per page (user + system, all threads). The variants run
 alternately, round after round, so load from other jobs falls on all alike:
 
-- ``old``: the tree at ``--against`` (``git worktree add /tmp/old HEAD``), today's views;
-- ``cpu``: this tree with ``views.device=cpu`` (today's path: should equal ``old``);
+- ``old``: the tree at ``--against`` (``git worktree add /tmp/old 134b15e``), today's views, PNG shards;
+- ``cpu``: this tree with ``views.device=cpu`` (the CPU path), shards in this tree's default storage (``zst``);
 - ``device``: this tree with ``views.device=batched``: the worker side of the GPU path (the pixels are made
-  in the training step, not here; the same work as ``views.device=cuda``).
+  in the training step, not here; the same work as ``views.device=cuda``), ``zst`` shards;
+- ``device_png``: the same on the PNG shards (what the storage alone changes).
 
-The ratio device / old per round, its median and a 95 % bootstrap interval over rounds are printed.
-``decode_section``: decode time per page on one core against size on disk for PNG (as the shards store
-it), JPEG and raw pixels, with PIL (today's reader) and OpenCV.
+The shards are built once; the PNG copy has the same pages, members and text cache, only the image
+members re-encoded (the cache is keyed by the json members). The ratio to ``old`` per round, its median and
+a 95 % bootstrap interval over rounds are printed. ``decode_section``: decode time per page on one core
+against size on disk for PNG (PIL: today's reader; OpenCV), JPEG, ``zst`` (``image_codec``) and raw pixels.
 """
 from __future__ import annotations
 
@@ -50,15 +52,19 @@ for b, _ in batches:
 print((cpu() - start) / seen, seen)
 """
 
-VARIANTS = {"old": [], "cpu": ["views.device=cpu"], "device": ["views.device=batched"]}
+VARIANTS = {"old": [], "cpu": ["views.device=cpu"], "device": ["views.device=batched"],
+            "device_png": ["views.device=batched"]}
+PNG_SHARDS = ("old", "device_png")  # the variants that read the PNG copy
 
 
 def worker_cost(tree: Path, shards: Path, recipe: str, batch: int, pages: int, extra: list[str]) -> float:
     """CPU seconds per page of one worker's stream in a child process importing ``tree``'s gsdistill."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, "-c", CHILD, str(shards), recipe, str(batch), str(pages), *extra],
-                         check=True, capture_output=True, text=True, env=env, cwd=str(tree)).stdout.split()
-    return float(out[0])
+    run = subprocess.run([sys.executable, "-c", CHILD, str(shards), recipe, str(batch), str(pages), *extra],
+                         capture_output=True, text=True, env=env, cwd=str(tree))
+    if run.returncode:
+        raise SystemExit(f"worker-cost run of {tree} {' '.join(extra)} failed:\n{run.stderr[-3000:]}")
+    return float(run.stdout.split()[0])
 
 
 def prepare_shards(out: Path, recipe: str, pages: int) -> Path:
@@ -71,6 +77,30 @@ def prepare_shards(out: Path, recipe: str, pages: int) -> Path:
     return prepare_synthetic(cfg, out)
 
 
+def png_copy(shards: Path, out: Path) -> Path:
+    """``shards`` with every page image re-encoded as PNG (members, order, json and text cache unchanged)."""
+    import io as _io
+    import shutil
+    import tarfile
+
+    from PIL import Image
+
+    from gsdistill.tuples.store.image_codec import decode_rgb, encode_image
+
+    shutil.copytree(shards, out)
+    for tar_path in sorted(out.glob("shard-*.tar")):
+        with tarfile.open(tar_path) as src, tarfile.open(tar_path.with_suffix(".png.tar"), "w") as dst:
+            for member in src:
+                data = src.extractfile(member).read()
+                key, _, ext = member.name.partition(".")
+                if ext in ("zst", "png", "jpg"):
+                    data, member = encode_image(Image.fromarray(decode_rgb(data)), "png"), tarfile.TarInfo(f"{key}.png")
+                member.size = len(data)
+                dst.addfile(member, _io.BytesIO(data))
+        tar_path.with_suffix(".png.tar").replace(tar_path)
+    return out
+
+
 def bootstrap_interval(ratios: list[float], draws: int = 10000, seed: int = 0) -> tuple[float, float]:
     """95 % percentile interval of the median ratio over rounds resampled with replacement."""
     rng = np.random.default_rng(seed)
@@ -81,19 +111,23 @@ def bootstrap_interval(ratios: list[float], draws: int = 10000, seed: int = 0) -
 
 def views_cost_section(against: Path, tmp: Path, recipe: str, pages: int, batch: int, rounds: int) -> None:
     here = Path(__file__).resolve().parents[2]  # this checkout's root
-    shards = prepare_shards(tmp / "shards", recipe, pages + batch)
-    trees = {"old": against, "cpu": here, "device": here}
+    shards = tmp / "shards"  # kept between runs with --views-shards DIR (the text encoder is the slow part)
+    if not (shards / "embeddings" / "meta.json").is_file():
+        prepare_shards(shards, recipe, pages + batch)
+    png = tmp / "shards_png" if (tmp / "shards_png").is_dir() else png_copy(shards, tmp / "shards_png")
+    trees = {"old": against, "cpu": here, "device": here, "device_png": here}
     costs = {name: [] for name in VARIANTS}
     for _ in range(rounds):
         for name, extra in VARIANTS.items():
-            costs[name].append(worker_cost(trees[name], shards, recipe, batch, pages, extra))
+            costs[name].append(worker_cost(trees[name], png if name in PNG_SHARDS else shards, recipe, batch, pages,
+                                           extra))
     print(f"\nworker-side CPU per page, {recipe} views ({pages} pages a run after a warm-up batch, batches of {batch}, "
           f"1 thread; {rounds} rounds, alternating; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
           "at the end)")
     print(f"{'variant':<10}{'ms/page (median)':>18}   each round")
     for name, runs in costs.items():
         print(f"{name:<10}{1e3 * np.median(runs):>18.2f}   {' '.join(f'{1e3 * r:.2f}' for r in runs)}")
-    for name in ("cpu", "device"):
+    for name in ("cpu", "device", "device_png"):
         ratios = [n / o for n, o in zip(costs[name], costs["old"])]
         low, high = bootstrap_interval(ratios)
         print(f"{name} / old: {np.median(ratios):.3f} [{low:.3f}, {high:.3f}] "
@@ -106,6 +140,7 @@ def decode_section(recipe: str, n: int = 24, repeats: int = 3) -> None:
     from PIL import Image
 
     from gsdistill.config import load_config
+    from gsdistill.tuples.store.image_codec import decode_zst, encode_image
     from gsdistill.tuples.sources.synthetic import generate_pages
 
     cv2.setNumThreads(1)
@@ -122,16 +157,18 @@ def decode_section(recipe: str, n: int = 24, repeats: int = 3) -> None:
         return out
 
     png, jpg = encoded("PNG", compress_level=1), encoded("JPEG", quality=90)
+    zst = [encode_image(im, "zst") for im in images]
     raw = [np.asarray(im.convert("RGB")).tobytes() for im in images]
     shape = (int(d.page_height), int(d.page_width), 3)
     pil = lambda b: np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))  # noqa: E731  (today's reader)
     ocv = lambda b: cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR)  # noqa: E731
     cases = {"PNG (shards today), PIL": (png, pil), "PNG (shards today), OpenCV": (png, ocv),
              "JPEG q90, PIL": (jpg, pil), "JPEG q90, OpenCV": (jpg, ocv),
+             "zst (image_codec, this tree's default)": (zst, decode_zst),
              "raw uint8": (raw, lambda b: np.frombuffer(b, np.uint8).reshape(shape).copy())}
     print(f"\npage decode on one core ({n} synthetic {recipe} pages, {shape[1]}x{shape[0]}; CPU ms per page, "
           f"median of {repeats})")
-    print(f"{'storage, decoder':<30}{'KB/page':>10}{'ms/page':>10}")
+    print(f"{'storage, decoder':<40}{'KB/page':>10}{'ms/page':>10}")
     for name, (blobs, decode) in cases.items():
         times = []
         for _ in range(repeats):
@@ -139,7 +176,7 @@ def decode_section(recipe: str, n: int = 24, repeats: int = 3) -> None:
             for b in blobs:
                 decode(b)
             times.append((time.process_time() - start) / len(blobs))
-        print(f"{name:<30}{np.mean([len(b) for b in blobs]) / 1024:>10.1f}{1e3 * np.median(times):>10.2f}")
+        print(f"{name:<40}{np.mean([len(b) for b in blobs]) / 1024:>10.1f}{1e3 * np.median(times):>10.2f}")
 
 
 def add_views_cost_arguments(ap: argparse.ArgumentParser) -> None:
@@ -148,9 +185,12 @@ def add_views_cost_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--against", type=Path, default=Path("/tmp/old"),
                     help="today's tree (git worktree add /tmp/old HEAD)")
     ap.add_argument("--views-batch", type=int, default=64, help="pages per batch of the worker-cost runs")
+    ap.add_argument("--views-shards", type=Path, default=None, help="folder to build the shards in once and reuse "
+                    "(default: a temporary one)")
 
 
 def views_cost_report(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        views_cost_section(args.against, Path(tmp), args.recipe, args.views_cost, args.views_batch, args.repeats)
+        views_cost_section(args.against, args.views_shards or Path(tmp), args.recipe, args.views_cost,
+                           args.views_batch, args.repeats)
     decode_section(args.recipe)

@@ -2,16 +2,16 @@
 
 Layout of ``out_dir``::
 
-    shard-000000.tar     <key>.png|jpg (page image), <key>.json (everything but the image)
+    shard-000000.tar     <key>.zst|png|jpg (page image: image_codec), <key>.json (everything but the image)
     manifest.json        counts per class, pages per shard, every skipped input with its reason
     embeddings/          optional cached text embeddings (gsdistill.tuples.store.text_cache), one .npz per shard
 
 The tar members of one page are consecutive, as WebDataset expects, so the same shards stream
 from local disk or object storage with any WebDataset reader (``webdataset.WebDataset(urls)``
-yields every page as ``{"__key__", "png", "json"}``). ``ShardDataset`` streams them back split
+yields every page as ``{"__key__", "zst", "json"}``). ``ShardDataset`` streams them back split
 **by shard** over ranks x DataLoader workers (``split``: each reader streams one contiguous
 run of the epoch's shards and opens only those), with a seeded shard order and shuffle buffer, resumable mid-epoch without decoding or
-augmenting the pages it skips; images are decoded lazily.
+augmenting the pages it skips; PNG images are decoded lazily.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from gsdistill.errors import corrupt
 from gsdistill.tuples.errors import DataError
+from gsdistill.tuples.store.image_codec import FORMATS, decode_zst
 from gsdistill.tuples.store.split import ShardPart, batches_before, reader_page_count, reader_parts
 from gsdistill.tuples.store.writer import FORMAT, MANIFEST, page_json, sample_key, write_shards
 
@@ -111,16 +112,18 @@ def shard_digest(path: Path) -> str:
 
 
 def _checked_image(img: bytes, ext: str, where: str) -> Image.Image:
-    """The page image, opened lazily (pixels are decoded on first use) after a check of its bytes: a
-    PNG's chunk checksums (no pixel decoding), a JPEG (no checksums) decoded at once."""
+    """The page image after a check of its bytes: ``zst`` decoded at once (its frame checksum), a PNG
+    opened lazily (pixels decoded on first use) after its chunk checksums, a JPEG (no checksums) decoded."""
     try:
+        if ext == "zst":
+            return Image.fromarray(decode_zst(img))
         if ext == "png":
             Image.open(io.BytesIO(img)).verify()
             return Image.open(io.BytesIO(img))
         image = Image.open(io.BytesIO(img))
         image.load()
         return image
-    except Exception as e:  # OSError, SyntaxError ("broken PNG file"), DecompressionBombError, ...
+    except Exception as e:  # DamagedImage, OSError, SyntaxError ("broken PNG file"), DecompressionBombError, ...
         raise DataError(f"{where}: damaged page image ({type(e).__name__}: {e}); {REBUILD_SHARD}") from None
 
 
@@ -134,7 +137,7 @@ def decode_sample(key: str, parts: dict[str, bytes], source: str, decode_images:
         raise DataError(f"{source}: member {key}.json is damaged ({type(e).__name__}: {e}); {REBUILD_SHARD}") from None
     if not isinstance(page, dict):
         raise DataError(f"{source}: member {key}.json holds a {type(page).__name__}, not a page record")
-    ext = "png" if "png" in parts else "jpg"
+    ext = next((e for e in FORMATS if e in parts), None)
     img = parts.get(ext)
     if img is None:
         raise DataError(f"{source}: sample {key!r} has no image member")

@@ -1,6 +1,6 @@
 """Writing the page-tuple store: WebDataset-layout tar shards plus ``manifest.json``.
 
-Per page two consecutive tar members ``<key>.png|jpg`` (the page image) and ``<key>.json`` (the
+Per page two consecutive tar members ``<key>.zst|png|jpg`` (the page image, ``image_codec``) and ``<key>.json`` (the
 tuple without its image), so any WebDataset reader groups them into one sample. ``<key>`` is the
 page id escaped injectively (``sample_key``): two different ids never share a key, so ids derived
 from relative paths (``report/v1.pdf`` and ``report_v1.pdf``) never collide. A page id that
@@ -18,10 +18,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
-from PIL import Image
 from tqdm import tqdm
 
 from gsdistill.tuples.errors import SkipLog, reason_key
+from gsdistill.tuples.store.image_codec import FORMATS, encode_image
 
 FORMAT = "gsdistill-shards/1"
 MANIFEST = "manifest.json"
@@ -40,16 +40,6 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime = len(data), 0  # fixed mtime: identical inputs give identical shards
     tar.addfile(info, io.BytesIO(data))
-
-
-def _image_bytes(image: Image.Image, fmt: str, quality: int) -> bytes:
-    buf = io.BytesIO()
-    image = image.convert("RGB")
-    if fmt == "png":
-        image.save(buf, format="PNG", compress_level=1)  # fast: shards are written often, read more
-    else:
-        image.save(buf, format="JPEG", quality=quality)
-    return buf.getvalue()
 
 
 def page_json(page: dict) -> dict:
@@ -76,7 +66,7 @@ def accept_page(page: dict, seen: set[str], skips: SkipLog) -> str | None:
 
 def page_members(page: dict, key: str, image_format: str, jpeg_quality: int) -> list[tuple[str, bytes]]:
     """The two tar members of one page: encoded image, then its json."""
-    return [(image_format, _image_bytes(page["image"], image_format, jpeg_quality)),
+    return [(image_format, encode_image(page["image"], image_format, jpeg_quality)),
             ("json", json.dumps(page_json(page), ensure_ascii=False).encode())]
 
 
@@ -146,15 +136,15 @@ class _ShardFiles:
 
 
 def write_shards(pages: Iterable[dict], out_dir: str | Path, pages_per_shard: int = 256,
-                 image_format: str = "png", jpeg_quality: int = 90, skips: SkipLog | None = None,
+                 image_format: str = "zst", jpeg_quality: int = 90, skips: SkipLog | None = None,
                  progress: bool = True, total: int | None = None) -> dict:
     """Write ``pages`` as shards + manifest into ``out_dir``; return the manifest.
 
     ``skips``: the builders' skip log; its entries (input, reason) are copied into the manifest.
     Pages without an image, without any text span, or with an id already written are skipped and recorded.
     """
-    if image_format not in ("png", "jpg"):
-        raise ValueError(f"image_format must be png or jpg, got {image_format!r}")
+    if image_format not in FORMATS:
+        raise ValueError(f"image_format must be one of {' | '.join(FORMATS)}, got {image_format!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for old in [*out.glob("shard-*.tar"), *out.glob("shard-*.tar.tmp")]:
