@@ -51,11 +51,16 @@ def test_round_trip_and_manifest(shard_dir):
     assert np.array_equal(np.asarray(pages[3]["image"].convert("RGB")), np.asarray(original["image"]))
 
 
-def test_images_decode_lazily(shard_dir):
-    page = next(iter(read_pages(shard_dir)))
+def test_png_images_decode_lazily_and_zst_images_at_once(shard_dir, tmp_path):
+    """A PNG page is decoded on first use (its header only until then); a zst page (the default storage)
+    is decoded at once, its frame checksum checked, in a fraction of PNG's decode time (image_codec)."""
+    write_shards([_page(i) for i in range(2)], tmp_path / "png", image_format="png", progress=False)
+    page = next(iter(read_pages(tmp_path / "png")))
     assert page["image"]._im is None  # only the header is read until pixels are used
     assert page["image"].size == (200, 240) and page["image"]._im is None
     assert page["image"].convert("RGB").getpixel((50, 70)) == (200, 0, 0)
+    page = next(iter(read_pages(shard_dir)))
+    assert page["image"].size == (200, 240) and page["image"].getpixel((50, 70)) == (200, 0, 0)
 
 
 def test_rank_and_worker_split_is_a_partition(shard_dir):

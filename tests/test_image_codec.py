@@ -13,7 +13,7 @@ from gsdistill.tuples.store.image_codec import DamagedImage, decode_rgb, decode_
 from gsdistill.tuples.store.reader import read_pages
 from gsdistill.tuples.store.writer import write_shards
 from gsdistill.tuples.sources.synthetic import generate_pages
-from gsdistill.views.batched_views import decode_bgr
+from gsdistill.views.batched_views import page_rgb
 
 
 def pages(n=3, seed=1):
@@ -62,7 +62,7 @@ def test_a_damaged_zst_page_is_named_not_read(damage):
 
 def test_a_folder_of_zst_and_png_shards_reads_the_same_pixels(tmp_path):
     """Readers tell formats apart by the bytes: shards written before a change of build.image_format still read;
-    the CPU path (PIL) and the device path's worker side (BGR for OpenCV's order) see the same page."""
+    the CPU path (PIL) and the device path's worker side see the same page."""
     made = pages(4)
     write_shards(made[:2], tmp_path / "a", image_format="png", progress=False)
     write_shards(made[2:], tmp_path / "b", progress=False)  # the default: zst
@@ -73,7 +73,7 @@ def test_a_folder_of_zst_and_png_shards_reads_the_same_pixels(tmp_path):
     for page, undecoded, source in zip(read, raw, made):
         want = np.asarray(source["image"].convert("RGB"))
         assert np.array_equal(np.asarray(page["image"].convert("RGB")), want)
-        assert np.array_equal(decode_bgr(undecoded)[:, :, ::-1], want)
+        assert np.array_equal(page_rgb(undecoded), want)
 
 
 def test_without_zstandard_pages_are_written_as_png_and_zst_pages_refused(monkeypatch, tmp_path):

@@ -206,21 +206,21 @@ def _compiled_run(stream, cfg, backend, steps: int, strip: bool = False) -> int:
     return len(graphs)
 
 
-def test_a_compiled_run_over_changing_counts_compiles_once(shards, monkeypatch):
+def test_a_compiled_run_over_changing_counts_compiles_once(shards):
     """30 steps of the shard stream with every term, compiled (aot_eager: dynamo's capture and guards as
     with inductor, no code generation); a recompile is an error. The control: batches cut to their own
     counts (as the stream made them before) compile again."""
     cfg, stream = _stream(shards, "train.compile=false", *EVERY_TERM)
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-    assert _compiled_run(stream, cfg, "aot_eager", 30) == 1
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", False)
+    # dynamo's own patch: monkeypatch's undo deletes a config-module attribute it did not find in __dict__
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert _compiled_run(stream, cfg, "aot_eager", 30) == 1
     cfg, stream = _stream(shards, "train.compile=false")
     assert _compiled_run(stream, cfg, "aot_eager", 6, strip=True) > 1
 
 
 @pytest.mark.slow
-def test_inductor_compiles_a_changing_count_run_once(shards, monkeypatch):
+def test_inductor_compiles_a_changing_count_run_once(shards):
     """The same with inductor's C++ kernels (about 100 s of compiling on 2 cores)."""
     cfg, stream = _stream(shards, "train.compile=false")
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-    assert _compiled_run(stream, cfg, "inductor", 30) == 1
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert _compiled_run(stream, cfg, "inductor", 30) == 1

@@ -16,7 +16,8 @@ from views_device_pages import both_paths, drawn_page, rendered, with_embeddings
 
 from gsdistill.errors import InputError
 from gsdistill.tuples.errors import DataError
-from gsdistill.views.batched_views import BatchedViews, decode_bgr, encoded_png, views_in_step
+from gsdistill.tuples.store.image_codec import encode_image
+from gsdistill.views.batched_views import BatchedViews, encoded_png, page_rgb, views_in_step
 from gsdistill.views.collate import collate_pretrain
 from gsdistill.views.crop_params import WINDOW, drawn_params
 from gsdistill.views.multicrop import MultiCropViews
@@ -139,11 +140,14 @@ def test_pages_go_on_a_fixed_canvas_and_larger_ones_are_shrunk_with_their_window
 def test_pages_are_decoded_as_pil_decodes_them_and_damage_is_a_data_error():
     page = drawn_page(5)
     png = encoded_png(page["image"])
-    bgr = decode_bgr({**page, "image": png})
-    assert np.array_equal(bgr[:, :, ::-1], np.asarray(page["image"].convert("RGB")))
-    assert np.array_equal(decode_bgr(page), bgr)  # a PIL page (made in memory) gives the same
-    with pytest.raises(DataError, match="damaged page image"):
-        decode_bgr({**page, "image": png[:200] + bytes(100)})
+    rgb = page_rgb({**page, "image": png})
+    assert np.array_equal(rgb, np.asarray(page["image"].convert("RGB")))
+    assert np.array_equal(page_rgb(page), rgb)  # a PIL page (made in memory) gives the same
+    zst = page_rgb({**page, "image": encode_image(page["image"], "zst")})  # the default storage
+    assert np.array_equal(zst, rgb)
+    for damaged in (png[:200] + bytes(100), encode_image(page["image"], "zst")[:-9]):
+        with pytest.raises(DataError, match="damaged page image"):
+            page_rgb({**page, "image": damaged})
 
 
 def test_collated_views_are_view_major_like_the_crops():

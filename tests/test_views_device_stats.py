@@ -105,7 +105,7 @@ def test_the_stream_sends_pages_once_with_the_cpu_paths_choices(shards):
         assert abs(float(got[key]) - float(want[key])) < 0.01 * abs(float(want[key])) + 1e-3, key
 
 
-def test_a_compiled_run_on_the_batched_stream_compiles_once(shards, monkeypatch):
+def test_a_compiled_run_on_the_batched_stream_compiles_once(shards):
     """12 training steps (aot_eager: dynamo's capture and guards, the views rendered inside the step); a
     recompile is an error."""
     from gsdistill.losses.validation import checks
@@ -115,17 +115,17 @@ def test_a_compiled_run_on_the_batched_stream_compiles_once(shards, monkeypatch)
 
     cfg = load_config("pretrain", None, TINY + ["views.device=batched", "train.compile=false"])
     stream = ShardBatches(str(shards), cfg, 0, 1, 4, 16)
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    engine = TorchEngine(GSDistill(cfg), cfg, torch.device("cpu"))
-    graphs = []
-    compile_step(engine.module, backend=lambda gm, inputs: graphs.append(gm) or gm.forward)
-    engine.compiled = True
-    for step in range(12):
-        with checks(step == 0):
-            terms = engine.forward(to_device(next(stream), torch.device("cpu")))
-            engine.backward_step(terms["total"], 1e-4)
-            engine.update_teacher(0.99)
-        assert torch.isfinite(terms["total"])
+    with torch._dynamo.config.patch(error_on_recompile=True):  # not monkeypatch: its undo deletes the key
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        engine = TorchEngine(GSDistill(cfg), cfg, torch.device("cpu"))
+        graphs = []
+        compile_step(engine.module, backend=lambda gm, inputs: graphs.append(gm) or gm.forward)
+        engine.compiled = True
+        for step in range(12):
+            with checks(step == 0):
+                terms = engine.forward(to_device(next(stream), torch.device("cpu")))
+                engine.backward_step(terms["total"], 1e-4)
+                engine.update_teacher(0.99)
+            assert torch.isfinite(terms["total"])
     assert len(graphs) == 1

@@ -12,8 +12,8 @@
 
 :class:`BatchedViews` is that worker side: ``MultiCropViews`` with twin transforms, so windows, factors,
 masks, span picks, tracked boxes and region pools are the CPU path's for the same ``(seed, page id)``. The
-page is decoded from the shard's bytes (``zst``, the default storage: 0.2 ms a 512x640 page on one core;
-a PNG by OpenCV: 1.3 ms, PIL's decode and RGB copy 1.6-3.0) and kept in OpenCV's BGR order, which the step undoes for free. Every page is padded to the run's
+page is decoded from the shard's bytes (``zst``, the default storage: 0.3 ms a 512x640 page on one core;
+a PNG by OpenCV: 1.3 ms, PIL's decode and RGB copy 1.6-3.0) as RGB. Every page is padded to the run's
 canvas (:func:`page_canvas`: the batch shape never changes, so a compiled step compiles once); a larger
 page is shrunk to fit (INTER_AREA) with its windows, counted (``pages_shrunk``), never an error.
 """
@@ -73,25 +73,27 @@ def page_canvas(shard_dir: str | Path, manifest: dict | None) -> tuple[int, int]
     return _round_up(max(h for h, _ in sizes)), _round_up(max(w for _, w in sizes))
 
 
-def decode_bgr(page: dict) -> np.ndarray:
-    """``uint8 [H, W, 3]`` BGR pixels of a page whose image is the shard's bytes (or a PIL image)."""
+def page_rgb(page: dict) -> np.ndarray:
+    """``uint8 [H, W, 3]`` RGB pixels of a page whose image is the shard's bytes (or a PIL image); may be
+    read-only (the ``zst`` frame's own buffer: no copy)."""
     image = page["image"]
     if not isinstance(image, (bytes, bytearray, memoryview)):  # a PIL image: pages made in memory
-        return np.ascontiguousarray(np.asarray(image.convert("RGB"))[:, :, ::-1])
-    if image_kind(image) == "zst":  # raw RGB in a Zstandard frame (the default): 0.2 ms a page, not PNG's 1.3
+        return np.asarray(image.convert("RGB"))
+    if image_kind(image) == "zst":  # raw RGB in a Zstandard frame (the default): 0.3 ms a page, PNG 1.3
         try:
-            return np.ascontiguousarray(decode_zst(image)[:, :, ::-1])
+            return decode_zst(image)
         except DamagedImage as e:
             raise DataError(f"page {page.get('id')!r}: damaged page image ({e}); rebuild its shard") from None
-    pixels = cv2.imdecode(np.frombuffer(image, dtype=np.uint8), cv2.IMREAD_COLOR)
+    rgb_flag = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.10 decodes to RGB itself
+    pixels = cv2.imdecode(np.frombuffer(image, dtype=np.uint8), cv2.IMREAD_COLOR if rgb_flag is None else rgb_flag)
     if pixels is None:
         raise DataError(f"page {page.get('id')!r}: damaged page image (OpenCV cannot decode it); rebuild its shard")
-    return pixels
+    return pixels if rgb_flag is not None else cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
 
 
 class BatchedViews(MultiCropViews):
     """Page tuple -> ``{"page", "page_hw", "global_params", "local_params", ...}``: the sample of
-    ``MultiCropViews`` with crop rows in place of crop pixels, and the BGR page padded to ``canvas``."""
+    ``MultiCropViews`` with crop rows in place of crop pixels, and the RGB page padded to ``canvas``."""
 
     OPS = TWIN_OPS
 
@@ -121,7 +123,7 @@ class BatchedViews(MultiCropViews):
                         window)
 
     def __call__(self, page: dict) -> dict:
-        image = decode_bgr(page)
+        image = page_rgb(page)
         sample = self._views_of(page, image)
         sample["global_params"], sample["local_params"] = sample.pop("global_crops"), sample.pop("local_crops")
         sample["page"], sample["page_hw"], sample["pages_shrunk"] = self._on_canvas(image, sample)
@@ -131,7 +133,7 @@ class BatchedViews(MultiCropViews):
         """The page padded to the canvas (shrunk first when larger, its windows with it), the size its pixels
         take there, and 1 when it was shrunk."""
         if self.canvas is None or image.shape[:2] == tuple(self.canvas):
-            return torch.from_numpy(image), image.shape[:2], 0
+            return torch.from_numpy(image if image.flags.writeable else image.copy()), image.shape[:2], 0
         (h, w), (ch, cw) = image.shape[:2], self.canvas
         shrunk = h > ch or w > cw
         if shrunk:

@@ -6,7 +6,7 @@ crops, ``float[n_global * B, S, P]`` over ``geom_emb``'s padded rows. A view is 
 (``global_crops`` / ``local_crops``, ``uint8 [3, size, size]``: ``MultiCropViews``) or, when the views are
 made in the training step (``views.device``: ``gsdistill.views.batched_views``), the parameters of its crop
 (``global_params`` / ``local_params``, ``float32 [CROP_COLUMNS]``) beside its page, sent once:
-``pages uint8 [B, H, W, 3]`` (BGR, padded to the run's canvas) and ``page_hw`` (each page's true size).
+``pages uint8 [B, H, W, 3]`` (RGB, padded to the run's canvas) and ``page_hw`` (each page's true size).
 """
 from __future__ import annotations
 

@@ -27,10 +27,10 @@ GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # OpenCV's RGB2GRAY
 
 
 def page_rows(pages: torch.Tensor) -> torch.Tensor:
-    """``uint8 [B, H, W, 3]`` BGR pages -> ``[B, H, 3 * W]`` rows of R, G and B (float16 on a GPU, else float32)."""
+    """``uint8 [B, H, W, 3]`` RGB pages -> ``[B, H, 3 * W]`` rows of R, G and B (float16 on a GPU, else float32)."""
     dtype = torch.float16 if pages.is_cuda else torch.float32
     b, h, w, _ = pages.shape
-    return pages.flip(-1).permute(0, 1, 3, 2).to(dtype).reshape(b, h, 3 * w)
+    return pages.permute(0, 1, 3, 2).to(dtype).reshape(b, h, 3 * w)
 
 
 def axis_weights(origin: torch.Tensor, length: torch.Tensor, kind: torch.Tensor, size: int,

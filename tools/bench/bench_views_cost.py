@@ -45,8 +45,8 @@ def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 start, seen = cpu(), 0
-for b, _ in batches:
-    seen += len(b["ids"])
+for item in batches:  # (batch, rounds) here; a batch alone in trees before e2a6437
+    seen += len((item[0] if isinstance(item, tuple) else item)["ids"])
     if seen >= pages:
         break
 print((cpu() - start) / seen, seen)
@@ -134,49 +134,56 @@ def views_cost_section(against: Path, tmp: Path, recipe: str, pages: int, batch:
               "(median of per-round ratios, 95 % bootstrap)")
 
 
+def page_sets(recipe: str, n: int) -> dict[str, list]:
+    """Pages to store: ``n`` synthetic pages of the recipe, and the first 4 pages of 6 arXiv PDFs of
+    ../shared/data (when present) rendered at 72 and 144 dpi as ``tuples build --from pdf`` renders them."""
+    import glob
+
+    from gsdistill.config import load_config
+    from gsdistill.tuples.sources.synthetic import generate_pages
+
+    d = load_config("pretrain", recipe).data
+    sets = {"synthetic": [p["image"] for p in generate_pages(
+        n, seed=5, width=int(d.page_width), height=int(d.page_height), text_scale=float(d.text_scale))]}
+    shared = Path(os.environ.get("GSDISTILL_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+    pdfs = sorted(glob.glob(str(shared / "arxiv_pdfs_docbank" / "**" / "*.pdf"), recursive=True))[:6]
+    if pdfs:
+        from gsdistill.tuples.sources.pdf import open_pdf, render
+        for dpi in (72, 144):
+            sets[f"arXiv PDF, {dpi} dpi,"] = [render(doc[i], dpi) for doc in map(open_pdf, pdfs)
+                                                   for i in range(min(4, doc.page_count))]
+    return sets
+
+
 def decode_section(recipe: str, n: int = 24, repeats: int = 3) -> None:
-    """Decode ms per page on one core against KB on disk: PNG as the shards store it, JPEG q90, raw."""
+    """Decode ms per page on one core against KB on disk: PNG as the shards stored it before ``zst``
+    (PIL's compress level 1), JPEG q90, ``zst`` (``image_codec``) and raw pixels; PIL and OpenCV decoders."""
     import cv2
     from PIL import Image
 
-    from gsdistill.config import load_config
     from gsdistill.tuples.store.image_codec import decode_zst, encode_image
-    from gsdistill.tuples.sources.synthetic import generate_pages
 
     cv2.setNumThreads(1)
-    d = load_config("pretrain", recipe).data
-    images = [p["image"] for p in generate_pages(n, seed=5, width=int(d.page_width), height=int(d.page_height),
-                                                 text_scale=float(d.text_scale))]
-
-    def encoded(fmt: str, **kw) -> list[bytes]:
-        out = []
-        for im in images:
-            buf = io.BytesIO()
-            im.save(buf, format=fmt, **kw)
-            out.append(buf.getvalue())
-        return out
-
-    png, jpg = encoded("PNG", compress_level=1), encoded("JPEG", quality=90)
-    zst = [encode_image(im, "zst") for im in images]
-    raw = [np.asarray(im.convert("RGB")).tobytes() for im in images]
-    shape = (int(d.page_height), int(d.page_width), 3)
-    pil = lambda b: np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))  # noqa: E731  (today's reader)
+    pil = lambda b: np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))  # noqa: E731  (the CPU path's reader)
     ocv = lambda b: cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR)  # noqa: E731
-    cases = {"PNG (shards today), PIL": (png, pil), "PNG (shards today), OpenCV": (png, ocv),
-             "JPEG q90, PIL": (jpg, pil), "JPEG q90, OpenCV": (jpg, ocv),
-             "zst (image_codec, this tree's default)": (zst, decode_zst),
-             "raw uint8": (raw, lambda b: np.frombuffer(b, np.uint8).reshape(shape).copy())}
-    print(f"\npage decode on one core ({n} synthetic {recipe} pages, {shape[1]}x{shape[0]}; CPU ms per page, "
-          f"median of {repeats})")
-    print(f"{'storage, decoder':<40}{'KB/page':>10}{'ms/page':>10}")
-    for name, (blobs, decode) in cases.items():
-        times = []
-        for _ in range(repeats):
-            start = time.process_time()
-            for b in blobs:
-                decode(b)
-            times.append((time.process_time() - start) / len(blobs))
-        print(f"{name:<40}{np.mean([len(b) for b in blobs]) / 1024:>10.1f}{1e3 * np.median(times):>10.2f}")
+    for label, images in page_sets(recipe, n).items():
+        png, jpg, zst = ([encode_image(im, fmt) for im in images] for fmt in ("png", "jpg", "zst"))
+        shapes = [np.asarray(im).shape for im in images]
+        raw = [np.asarray(im.convert("RGB")).tobytes() for im in images]
+        cases = {"PNG, PIL": (png, pil), "PNG, OpenCV": (png, ocv), "JPEG q90, PIL": (jpg, pil),
+                 "JPEG q90, OpenCV": (jpg, ocv), "zst (image_codec: the default)": (zst, decode_zst),
+                 "raw uint8": (raw, lambda b: np.frombuffer(b, np.uint8).copy())}
+        print(f"\npage decode on one core ({len(images)} {label} pages, {shapes[0][1]}x{shapes[0][0]} first; "
+              f"CPU ms per page, median of {repeats})")
+        print(f"{'storage, decoder':<40}{'KB/page':>10}{'ms/page':>10}")
+        for name, (blobs, decode) in cases.items():
+            times = []
+            for _ in range(repeats):
+                start = time.process_time()
+                for b in blobs:
+                    decode(b)
+                times.append((time.process_time() - start) / len(blobs))
+            print(f"{name:<40}{np.mean([len(b) for b in blobs]) / 1024:>10.1f}{1e3 * np.median(times):>10.2f}")
 
 
 def add_views_cost_arguments(ap: argparse.ArgumentParser) -> None:

@@ -2,15 +2,15 @@
 
 ``zst`` is the page's raw ``uint8`` RGB pixels as an ``.npy`` array in one Zstandard frame (level 3,
 with its content checksum): lossless like PNG, and on document pages both smaller and much faster to
-read (docs/benchmarks.md, "Page storage"; one core, median of 3):
+read (``tools/bench/bench_data.py --views-cost``, docs/benchmarks.md "Page storage"; one core, median of 3):
 
-=========================  ==========  ================  ==========  ================
-pages                      PNG KB      PNG decode ms     zst KB      zst decode ms
-=========================  ==========  ================  ==========  ================
-synthetic 512x640          42.7        1.29 (OpenCV)     19.9        0.22
-arXiv pages, 72 dpi        139.1       2.64              81.9        0.38
-arXiv pages, 144 dpi       381.2       9.02              184.2       1.05
-=========================  ==========  ================  ==========  ================
+=========================  ==========  ====================  ==========  ===============
+pages                      PNG KB      PNG decode ms (PIL)   zst KB      zst decode ms
+=========================  ==========  ====================  ==========  ===============
+synthetic 512x640          44.0        1.58                  25.5        0.28
+arXiv pages, 72 dpi        139.1       3.30                  82.0        0.50
+arXiv pages, 144 dpi       381.3       11.21                 184.3       1.60
+=========================  ==========  ====================  ==========  ===============
 
 PNG pays for its per-row filters and Deflate's bit-level Huffman decoding; Zstandard's entropy stage
 decodes bytes at a time, and the long runs of paper white that PNG's filters make small compress as
@@ -57,7 +57,7 @@ def encode_image(image: Image.Image, fmt: str, jpeg_quality: int = 90) -> bytes:
     """The stored bytes of a page image (``fmt`` one of :data:`FORMATS`)."""
     rgb = image.convert("RGB")
     if fmt == "zst" and _zstd() is None:  # lossless either way; readers tell formats apart by their bytes
-        warnings.warn("zstandard is not installed: page images stored as PNG (5-9x slower to read); "
+        warnings.warn("zstandard is not installed: page images stored as PNG (5-7x slower to read); "
                       "pip install zstandard", stacklevel=2)
         fmt = "png"
     if fmt == "zst":
