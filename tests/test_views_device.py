@@ -18,7 +18,7 @@ from gsdistill.errors import InputError
 from gsdistill.tuples.errors import DataError
 from gsdistill.tuples.store.image_codec import encode_image
 from gsdistill.views.batched_views import BatchedViews, encoded_png, page_rgb, views_in_step
-from gsdistill.views.collate import collate_pretrain
+from gsdistill.views.collate import collate_pretrain, page_batch
 from gsdistill.views.crop_params import WINDOW, drawn_params
 from gsdistill.views.multicrop import MultiCropViews
 
@@ -124,16 +124,18 @@ def test_with_colour_ops_the_pixels_stay_within_a_grey_level_or_two():
 def test_pages_go_on_a_fixed_canvas_and_larger_ones_are_shrunk_with_their_windows():
     page = with_embeddings(drawn_page(3))
     _, fits = both_paths(page, canvas=(416, 336), **SMALL)
-    assert fits["page"].shape == (416, 336, 3) and fits["page_hw"] == (400, 320) and fits["pages_shrunk"] == 0
-    assert not fits["page"][400:].any() and not fits["page"][:, 320:].any()
+    assert fits["page_hw"] == (400, 320) and fits["canvas"] == (416, 336) and fits["pages_shrunk"] == 0
+    on_canvas = page_batch([fits, fits])
+    assert on_canvas.shape == (2, 416, 336, 3) and torch.equal(on_canvas[1, :400, :320], torch.from_numpy(fits["page"]))
+    assert not on_canvas[:, 400:].any() and not on_canvas[:, :, 320:].any()  # the padding is zero
     cpu, shrunk = both_paths(page, canvas=(200, 200), **SMALL)
-    assert shrunk["page"].shape == (200, 200, 3) and shrunk["page_hw"] == (200, 160) and shrunk["pages_shrunk"] == 1
+    assert shrunk["page"].shape == (200, 160, 3) and shrunk["page_hw"] == (200, 160) and shrunk["pages_shrunk"] == 1
     _, plain = both_paths(page, **SMALL)
     for a, b in zip(plain["global_params"] + plain["local_params"], shrunk["global_params"] + shrunk["local_params"]):
         assert torch.allclose(b[WINDOW], a[WINDOW] * 0.5) and torch.equal(a[4:], b[4:])
     glob, _ = rendered(shrunk, 64, 32)  # twice resampled, still the same view
     assert (torch.stack(cpu["global_crops"]).float() - glob).abs().mean() < 6
-    batch = collate_pretrain([shrunk, fits | {"page": shrunk["page"]}])
+    batch = collate_pretrain([shrunk, fits | {"page": shrunk["page"], "canvas": (200, 200)}])
     assert batch["pages"].shape == (2, 200, 200, 3) and batch["global_params"].shape == (4, 20)
 
 
@@ -156,3 +158,22 @@ def test_collated_views_are_view_major_like_the_crops():
     assert batch["pages"].dtype == torch.uint8 and batch["pages"].shape == (3, 400, 320, 3)
     assert batch["local_params"].shape == (6 * 3, 20) and batch["masks"].shape == (2 * 3, 16)
     assert torch.equal(batch["global_params"][3 + 2], samples[2]["global_params"][1])  # view 1 of page 2
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_page_batch_pads_each_page_and_is_born_in_shared_memory_in_a_worker(workers):
+    """Pages of other sizes on one canvas, zero around them; in a DataLoader worker the batch is allocated in
+    shared memory, so it reaches the training process without a further copy."""
+    class Pages(torch.utils.data.Dataset):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {"page": np.full((30 + i, 20 - i, 3), i + 1, np.uint8), "canvas": (40, 24)}
+
+    loader = torch.utils.data.DataLoader(Pages(), batch_size=3, num_workers=workers, collate_fn=page_batch)
+    pages = next(iter(loader))
+    assert pages.shape == (3, 40, 24, 3) and pages.dtype == torch.uint8 and pages.is_shared() == bool(workers)
+    for i in range(3):
+        assert (pages[i, :30 + i, :20 - i] == i + 1).all()
+        assert not pages[i, 30 + i:].any() and not pages[i, :, 20 - i:].any()

@@ -6,6 +6,7 @@ import torch
 from PIL import Image
 
 from gsdistill.views.batched_views import BatchedViews, encoded_png
+from gsdistill.views.collate import page_batch
 from gsdistill.views.multicrop import MultiCropViews
 from gsdistill.views.render import page_rows, render_views
 
@@ -46,7 +47,7 @@ def both_paths(page: dict, canvas=None, **kwargs) -> tuple[dict, dict]:
 
 def rendered(sample: dict, global_size: int, local_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``float32 [V, 3, s, s]`` global and local views of one batched sample, in [0, 255]."""
-    rows = page_rows(sample["page"][None])
+    rows = page_rows(page_batch([sample]))
     return (render_views(rows, torch.stack(sample["global_params"]), global_size),
             render_views(rows, torch.stack(sample["local_params"]), local_size))
 

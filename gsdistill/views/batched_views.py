@@ -92,8 +92,9 @@ def page_rgb(page: dict) -> np.ndarray:
 
 
 class BatchedViews(MultiCropViews):
-    """Page tuple -> ``{"page", "page_hw", "global_params", "local_params", ...}``: the sample of
-    ``MultiCropViews`` with crop rows in place of crop pixels, and the RGB page padded to ``canvas``."""
+    """Page tuple -> ``{"page", "page_hw", "canvas", "global_params", "local_params", ...}``: the sample of
+    ``MultiCropViews`` with crop rows in place of crop pixels, and the RGB page (shrunk to fit ``canvas`` when
+    larger; ``collate_pretrain`` pads the batch's pages to it)."""
 
     OPS = TWIN_OPS
 
@@ -126,14 +127,16 @@ class BatchedViews(MultiCropViews):
         image = page_rgb(page)
         sample = self._views_of(page, image)
         sample["global_params"], sample["local_params"] = sample.pop("global_crops"), sample.pop("local_crops")
-        sample["page"], sample["page_hw"], sample["pages_shrunk"] = self._on_canvas(image, sample)
+        sample["page"], sample["pages_shrunk"] = self._fitted(image, sample)
+        sample["page_hw"] = sample["page"].shape[:2]
+        sample["canvas"] = tuple(self.canvas or sample["page_hw"])
         return sample
 
-    def _on_canvas(self, image: np.ndarray, sample: dict) -> tuple[torch.Tensor, tuple[int, int], int]:
-        """The page padded to the canvas (shrunk first when larger, its windows with it), the size its pixels
-        take there, and 1 when it was shrunk."""
-        if self.canvas is None or image.shape[:2] == tuple(self.canvas):
-            return torch.from_numpy(image if image.flags.writeable else image.copy()), image.shape[:2], 0
+    def _fitted(self, image: np.ndarray, sample: dict) -> tuple[np.ndarray, int]:
+        """The page as decoded (no copy: ``collate.page_batch`` writes it once onto the batch's canvas), or
+        shrunk to fit the canvas when larger, its windows with it; and 1 when it was shrunk."""
+        if self.canvas is None:
+            return image, 0
         (h, w), (ch, cw) = image.shape[:2], self.canvas
         shrunk = h > ch or w > cw
         if shrunk:
@@ -143,9 +146,7 @@ class BatchedViews(MultiCropViews):
             scale = torch.tensor([size[0] / w, size[1] / h] * 2)
             for row in sample["global_params"] + sample["local_params"]:
                 row[WINDOW] = row[WINDOW] * scale
-        out = np.zeros((ch, cw, 3), dtype=np.uint8)
-        out[:image.shape[0], :image.shape[1]] = image
-        return torch.from_numpy(out), image.shape[:2], int(shrunk)
+        return image, int(shrunk)
 
 
 def encoded_png(image) -> bytes:

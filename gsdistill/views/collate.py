@@ -12,6 +12,25 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
+
+
+def page_batch(samples: list[dict]) -> torch.Tensor:
+    """``uint8 [B, H, W, 3]``: the samples' pages written once onto the canvas, the rest zero. In a DataLoader
+    worker the tensor lives in shared memory from the start (as torch's ``default_collate`` does), so the
+    batch crosses to the training process without another copy of its ~1 MB a page."""
+    shape = (len(samples), *samples[0]["canvas"], 3)
+    if get_worker_info() is not None:
+        storage = torch.empty(0, dtype=torch.uint8)._typed_storage()._new_shared(int(np.prod(shape)))
+        pages = torch.empty(0, dtype=torch.uint8).new(storage).view(shape)
+    else:
+        pages = torch.empty(shape, dtype=torch.uint8)
+    out = pages.numpy()
+    for i, s in enumerate(samples):
+        h, w = s["page"].shape[:2]
+        out[i, :h, :w] = s["page"]
+        out[i, h:], out[i, :h, w:] = 0, 0
+    return pages
 
 
 def _pad(rows: list[np.ndarray], dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,7 +55,7 @@ def _views(samples: list[dict]) -> tuple[dict, int, int]:
     else:  # an empty tensor of the global views' kind
         out[f"local_{kind}"] = torch.zeros(0, *first_global[0].shape, dtype=first_global[0].dtype)
     if kind == "params":
-        out["pages"] = torch.from_numpy(np.stack([s["page"].numpy() for s in samples]))  # 3x torch.stack's speed
+        out["pages"] = page_batch(samples)
         out["page_hw"] = torch.tensor([list(s["page_hw"]) for s in samples], dtype=torch.int32)
     return out, n_g, n_l
 
