@@ -35,29 +35,22 @@ def _batch(cfg, seed, dtype=torch.float64):
     return {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in batch.items()}
 
 
-def test_compiled_step_is_one_graph_equal_to_eager():
-    """In float64, so that a difference is the compiled graph's and not float32 rounding (which the
-    recipe's teacher temperature of 0.003 amplifies to 2e-4 of a head's gradient)."""
+def float64_twins(cfg, compile_fn, seeds) -> tuple[GSDistill, GSDistill]:
+    """(eager, compiled): one model and its deep copy compiled by ``compile_fn``, trained on ``seeds``'s
+    batches in float64 (a difference is then the compiled graph's, not float32 rounding, which the recipe's
+    teacher temperature of 0.003 amplifies to 2e-4 of a head's gradient); every loss term and every
+    gradient of the compiled twin is checked equal to eager's."""
     torch._dynamo.reset()
-    cfg = tiny(*RECIPE)  # the real-page recipe's terms: every head, patch_spread, the distill ramp
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
         torch.manual_seed(0)
         eager = GSDistill(cfg).train()
         compiled = copy.deepcopy(eager)
-        graphs = []
-
-        def counting(gm, example_inputs):
-            graphs.append(gm)
-            # inductor's graph partition without its code generation: its backward recomputes cheap
-            # values from the inputs (the distill ramp from steps_seen, once read one step ahead)
-            return torch._dynamo.lookup_backend("aot_eager_decomp_partition")(gm, example_inputs)
-
-        compile_step(compiled, backend=counting)
+        compile_fn(compiled)
         engine = _engine(compiled)  # only its forward's dynamic marking
         with checks(False):
-            for seed in (0, 1, 2):  # three maskings, three row counts
+            for seed in seeds:
                 batch = _batch(cfg, seed)
                 want, got = eager(batch), engine.forward(batch)
                 assert sorted(want) == sorted(got)
@@ -67,12 +60,26 @@ def test_compiled_step_is_one_graph_equal_to_eager():
                 got["total"].backward()
     finally:
         torch.set_default_dtype(default)
-    assert len({int(b["mask_index"].shape[0]) for b in map(lambda s: _batch(cfg, s), (0, 1, 2))}) > 1
-    assert len(graphs) == 1  # the whole forward, no graph break, no recompile for new masks
-    assert int(compiled.steps_seen) == int(eager.steps_seen) == 3
     for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
         if p.grad is not None:  # the ramp read one step ahead made whole heads' gradients 1.5-2x
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-12, msg=lambda m: f"{name}: {m}")
+    return eager, compiled
+
+
+def test_compiled_step_is_one_graph_equal_to_eager():
+    """The whole step compiled (inductor's graph partition without its code generation: its backward
+    recomputes cheap values from the inputs, the distill ramp from steps_seen, once read one step ahead)."""
+    cfg = tiny(*RECIPE)  # the real-page recipe's terms: every head, patch_spread, the distill ramp
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager_decomp_partition")(gm, example_inputs)
+
+    eager, compiled = float64_twins(cfg, lambda model: compile_step(model, backend=counting), (0, 1, 2))
+    assert len({int(b["mask_index"].shape[0]) for b in map(lambda s: _batch(cfg, s), (0, 1, 2))}) > 1
+    assert len(graphs) == 1  # the whole forward, no graph break, no recompile for new masks
+    assert int(compiled.steps_seen) == int(eager.steps_seen) == 3
 
 
 def test_checked_first_step_runs_eager_and_the_step_compiles_once():

@@ -14,7 +14,7 @@ from gsdistill.models.gsdistill_model import GSDistill
 from gsdistill.pretrain import step_compile
 from gsdistill.pretrain.engine_torch import TorchEngine
 from gsdistill.pretrain.step_compile import BufferDropPath, compile_mode, compile_scope, compile_step, vit_blocks
-from test_pretrain_compile import RECIPE, _batch, _engine
+from test_pretrain_compile import RECIPE, _batch, _engine, float64_twins
 from test_pretrain_train import tiny
 
 
@@ -51,32 +51,16 @@ def test_blocks_trace_one_block_per_call_and_reuse_it_at_any_depth():
 def test_blocks_scope_equals_eager_in_float64():
     """Regional compilation changes where the step's code comes from, never its values: losses and every
     gradient equal eager's (float64, inductor's partition without code generation), the state dict too."""
-    torch._dynamo.reset()
+    graphs = []
+
+    def blocks(model):  # the state dict's names are eager's (the twin is a deep copy of it)
+        names = list(model.state_dict())
+        compile_step(model, backend=_counting(graphs, "aot_eager_decomp_partition"), scope="blocks")
+        assert list(model.state_dict()) == names
+
     cfg = tiny(*RECIPE, "model.backbone.depth=2")
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        torch.manual_seed(0)
-        eager = GSDistill(cfg).train()
-        compiled = copy.deepcopy(eager)
-        graphs = []
-        compile_step(compiled, backend=_counting(graphs, "aot_eager_decomp_partition"), scope="blocks")
-        assert list(compiled.state_dict()) == list(eager.state_dict())
-        engine = _engine(compiled)
-        with checks(False):
-            for seed in (0, 1):
-                batch = _batch(cfg, seed)
-                want, got = eager(batch), engine.forward(batch)
-                for key in want:
-                    torch.testing.assert_close(got[key], want[key], rtol=1e-10, atol=1e-12, msg=key)
-                want["total"].backward()
-                got["total"].backward()
-    finally:
-        torch.set_default_dtype(default)
+    float64_twins(cfg, blocks, (0, 1))
     assert graphs
-    for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
-        if p.grad is not None:
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-12, msg=lambda m: f"{name}: {m}")
 
 
 def test_buffer_drop_path_drops_as_timm_does():
