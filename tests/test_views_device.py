@@ -21,6 +21,7 @@ from gsdistill.views.batched_views import BatchedViews, encoded_png, page_rgb, v
 from gsdistill.views.collate import collate_pretrain, page_batch
 from gsdistill.views.crop_params import WINDOW, drawn_params
 from gsdistill.views.multicrop import MultiCropViews
+from gsdistill.views.render import page_rows, render_views
 
 SMALL = dict(global_size=64, local_size=32, n_local=6, seed=11)
 # digests of MultiCropViews' crops, masks and tracked boxes for drawn_page(7), made by the code before issue 56
@@ -177,3 +178,18 @@ def test_page_batch_pads_each_page_and_is_born_in_shared_memory_in_a_worker(work
     for i in range(3):
         assert (pages[i, :30 + i, :20 - i] == i + 1).all()
         assert not pages[i, 30 + i:].any() and not pages[i, :, 20 - i:].any()
+
+
+def test_float16_rows_as_on_a_gpu_render_the_same_views():
+    """On CUDA ``page_rows`` hands the renderer float16 rows (tensor cores); the same code runs here on the
+    CPU with float16 rows: the views stay within a grey level or two of float32's, and of albumentations'."""
+    kwargs = {**SMALL, "color_jitter": 0.4, "blur_prob": 0.5, "hflip": True}
+    for seed in range(3):
+        cpu, batched = both_paths(drawn_page(seed), **kwargs)
+        rows = page_rows(page_batch([batched]))
+        assert rows.dtype == torch.float32  # a CPU page; a CUDA one gives float16
+        params = torch.stack(batched["global_params"])
+        full, half = render_views(rows, params, 64), render_views(rows.half(), params, 64)
+        diff = (half.float() - full).abs()
+        assert diff.mean() < 0.05 and diff.max() <= 2, (diff.mean(), diff.max())
+        assert (torch.stack(cpu["global_crops"]).float() - half.float()).abs().mean() < 0.5
