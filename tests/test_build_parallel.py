@@ -8,8 +8,8 @@ from pathlib import Path
 from PIL import Image
 
 from gsdistill.config import load_config
-from gsdistill.tuples.build.driver import build_shards
-from gsdistill.tuples.build.plan import Piece, make_plan, pack_units
+from gsdistill.tuples.builder.driver import build_shards
+from gsdistill.tuples.builder.plan import Piece, make_plan, pack_units
 from gsdistill.tuples.sources.pdf import pdf_pages
 from gsdistill.tuples.store.reader import read_pages
 from test_data_bad_input import text_pdf

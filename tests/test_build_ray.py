@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from gsdistill.tuples.build import engines as build_engines
-from gsdistill.tuples.build.driver import build_shards
+from gsdistill.tuples.builder import engines as build_engines
+from gsdistill.tuples.builder.driver import build_shards
 from gsdistill.tuples.errors import DataError
 from test_build_parallel import cfg, output_of
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from gsdistill.tuples.build.driver import build_shards
+from gsdistill.tuples.builder.driver import build_shards
 from test_build_parallel import cfg, output_of
 
 SETTINGS = ["build.pages_per_shard=3", "synthetic.width=300", "synthetic.height=400", "build.progress=false"]

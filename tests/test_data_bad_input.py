@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 
 from gsdistill.config import load_config
-from gsdistill.tuples.build import inputs as build_inputs
-from gsdistill.tuples.build.driver import build_shards
+from gsdistill.tuples.builder import inputs as build_inputs
+from gsdistill.tuples.builder.driver import build_shards
 from gsdistill.tuples.sources.images import to_rgb
 from gsdistill.tuples.store.reader import read_pages
 

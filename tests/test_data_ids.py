@@ -6,8 +6,8 @@ import numpy as np
 from PIL import Image
 
 from gsdistill.config import load_config
-from gsdistill.tuples.build import inputs as build_inputs
-from gsdistill.tuples.build.driver import build_shards
+from gsdistill.tuples.builder import inputs as build_inputs
+from gsdistill.tuples.builder.driver import build_shards
 from gsdistill.tuples.errors import SkipLog, reason_key
 from gsdistill.tuples.store.writer import sample_key
 from gsdistill.tuples.store.reader import read_manifest, read_pages

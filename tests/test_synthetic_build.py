@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from gsdistill.tuples.build import engines as build_engines
-from gsdistill.tuples.build import synthetic_sets as synthetic_build
+from gsdistill.tuples.builder import engines as build_engines
+from gsdistill.tuples.builder import synthetic_sets as synthetic_build
 from gsdistill.tuples.store.reader import list_shards, read_pages
 from gsdistill.tuples.sources.synthetic import generate_pages
-from gsdistill.tuples.build.synthetic_sets import build_synthetic, shard_count
+from gsdistill.tuples.builder.synthetic_sets import build_synthetic, shard_count
 
 PAGE = dict(seed=3, width=256, height=320, text_scale=1.5)
 

@@ -26,7 +26,7 @@ PRETRAINED, CONTROL, UNTRAINED = "pretrained", "random backbone, heads trained",
 def build_tuples(cfg, out: Path) -> tuple[Path, Path, dict]:
     """Train and held-out shard dirs (disjoint documents) and what was skipped on the way; synthetic
     pages are built on every core, the training pages in a shard or more per pretraining reader."""
-    from gsdistill.tuples.build.synthetic_sets import build_synthetic
+    from gsdistill.tuples.builder.synthetic_sets import build_synthetic
 
     d, train_dir, eval_dir = cfg.data, out / "data" / "train", out / "data" / "eval"
     if cfg.pdfs:

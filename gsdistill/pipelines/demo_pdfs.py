@@ -15,8 +15,8 @@ import math
 from pathlib import Path
 
 from gsdistill.config import load_config
-from gsdistill.tuples.build.driver import write_skips_csv
-from gsdistill.tuples.build.inputs import _doc_id, file_sha256, input_files, per_file
+from gsdistill.tuples.builder.driver import write_skips_csv
+from gsdistill.tuples.builder.inputs import _doc_id, file_sha256, input_files, per_file
 from gsdistill.tuples.errors import DataError, SkipLog
 from gsdistill.tuples.sources.pdf import pdf_pages
 from gsdistill.tuples.store.reader import read_manifest

@@ -84,8 +84,8 @@ def resolve_run_dir(cfg, run_dir: Path | None, resumed: Path | None = None) -> P
 def prepare_synthetic(cfg, out_dir: Path) -> Path:
     """Generate, shard and embed ``data.synthetic_pages`` synthetic pages (once per run dir): built
     on every core this process may use, in at least one shard per reader of the run (ranks x
-    ``data.num_workers``; :mod:`gsdistill.tuples.build.synthetic_sets`)."""
-    from gsdistill.tuples.build.synthetic_sets import build_synthetic
+    ``data.num_workers``; :mod:`gsdistill.tuples.builder.synthetic_sets`)."""
+    from gsdistill.tuples.builder.synthetic_sets import build_synthetic
 
     d = cfg["data"]
     if not (out_dir / "manifest.json").is_file():

@@ -10,7 +10,7 @@
 Settings come from ``configs/tuples/default.yaml`` <- ``--config`` <- ``key=value`` <- flags.
 The resolved config is saved as ``DIR/config.yaml``; skipped inputs go to the manifest and
 ``DIR/skipped.csv``. ``build`` started again with the same command resumes: finished shards are
-verified and kept (``gsdistill.tuples.build.driver``); a ``--out`` holding another output is refused
+verified and kept (``gsdistill.tuples.builder.driver``); a ``--out`` holding another output is refused
 unless ``--overwrite``. ``build`` and ``embed`` hold their folder's lock: a second writer gets one
 line naming the first one's PID.
 
@@ -97,7 +97,7 @@ def class_table(manifest: dict) -> list[str]:
 
 
 def _build(args) -> int:
-    from gsdistill.tuples.build.driver import build_shards
+    from gsdistill.tuples.builder.driver import build_shards
     cfg = _config(args)
     out = Path(args.out)
     t0 = time.time()

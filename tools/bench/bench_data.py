@@ -16,7 +16,7 @@ workers reading one shard set at once, split by shard) and the share of the byte
 ``--build-pages N``: ``gsdistill tuples build`` on real PDFs with 1 and ``--build-workers`` workers
 (pages/s, pages per CPU-second, identical shards), then peak memory of 200 vs 2,000 pages.
 ``--synthetic-build N``: the synthetic pages a run without ``data.shards`` makes first
-(``prepare_synthetic``: ``gsdistill.tuples.build.synthetic_sets``), at the GPU recipe's page size and
+(``prepare_synthetic``: ``gsdistill.tuples.builder.synthetic_sets``), at the GPU recipe's page size and
 shard count, with 1 and ``--build-workers`` workers, alternating, ``--repeats`` times each.
 
     python tools/bench/bench_data.py --synthetic-build 256 --build-only   # issue 32: >= 1.6x with 2 workers on 2 cores
@@ -150,7 +150,7 @@ def bench_build(cmd: list[str]) -> tuple[float, float, int, float]:
 
 SYNTHETIC_CHILD = """
 import json, resource, sys, time
-from gsdistill.tuples.build.synthetic_sets import build_synthetic
+from gsdistill.tuples.builder.synthetic_sets import build_synthetic
 def cpu():
     return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 kwargs = json.loads(sys.argv[1])

@@ -20,9 +20,9 @@ from typing import Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
-from gsdistill.tuples.build import inputs
-from gsdistill.tuples.build.inputs import file_sha256, per_file
-from gsdistill.tuples.build.plan import Piece
+from gsdistill.tuples.builder import inputs
+from gsdistill.tuples.builder.inputs import file_sha256, per_file
+from gsdistill.tuples.builder.plan import Piece
 from gsdistill.tuples.errors import SkipLog, writing
 from gsdistill.tuples.store.writer import PageStats, _add, accept_page, page_members, sample_key
 

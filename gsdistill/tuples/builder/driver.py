@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from gsdistill.output_folder import check_output_dir, lock_folder
-from gsdistill.tuples.build.inputs import KINDS, _doc_id, input_files, ocr_function, per_file  # noqa: F401 (API)
+from gsdistill.tuples.builder.inputs import KINDS, _doc_id, input_files, ocr_function, per_file  # noqa: F401 (API)
 from gsdistill.tuples.errors import DataError, writing
 from gsdistill.tuples.store.folder import SUB_GLOBS, build_plan_of, clear, holds_shards, refuse, removed_if_left_empty
 
@@ -49,7 +49,7 @@ def _done_units(out: Path, plan: dict) -> dict[int, dict]:
     """Records of the units already built for this same plan (each shard verified); otherwise (a
     changed input or setting of the same input: ``_claim`` let it through) the folder is emptied of
     shards and records first."""
-    from gsdistill.tuples.build.units import UNITS_DIR, verified_record, write_atomic
+    from gsdistill.tuples.builder.units import UNITS_DIR, verified_record, write_atomic
     from gsdistill.tuples.store.writer import MANIFEST
     units = out / UNITS_DIR
     units.mkdir(parents=True, exist_ok=True)
@@ -72,7 +72,7 @@ def _done_units(out: Path, plan: dict) -> dict[int, dict]:
 def _assemble(out: Path, plan: dict, records: dict[int, dict]) -> dict:
     """The manifest from the records in unit order; a page id an earlier unit already wrote (two
     inputs giving the same id) is dropped from the later shard and recorded."""
-    from gsdistill.tuples.build.units import drop_pages, write_atomic
+    from gsdistill.tuples.builder.units import drop_pages, write_atomic
     from gsdistill.tuples.store.writer import DUPLICATE, MANIFEST, PageStats, assemble_manifest, sample_key
     stats, seen, shards, skipped = PageStats(), set(), [], list(plan["skipped"])
     for u in range(len(plan["units"])):
@@ -155,7 +155,7 @@ def build_shards(kind: str, source: str | Path, out_dir: str | Path, cfg: DictCo
     also write the resolved config as ``out_dir/config.yaml`` (the command does), under the lock."""
     if kind not in KINDS:
         raise DataError(f"unknown builder {kind!r}; choose one of {', '.join(KINDS)}")
-    from gsdistill.tuples.build.plan import check_build_config
+    from gsdistill.tuples.builder.plan import check_build_config
     check_build_config(cfg)
     out = Path(out_dir).absolute()  # the same folder for workers on other machines (a shared filesystem)
     check_out(kind, source, out, cfg)
@@ -169,9 +169,9 @@ def build_shards(kind: str, source: str | Path, out_dir: str | Path, cfg: DictCo
 
 
 def _build_locked(kind: str, source: str | Path, out: Path, cfg: DictConfig, overwrite: bool) -> dict:
-    from gsdistill.tuples.build.engines import run_units
-    from gsdistill.tuples.build.plan import make_plan
-    from gsdistill.tuples.build.units import UNITS_DIR
+    from gsdistill.tuples.builder.engines import run_units
+    from gsdistill.tuples.builder.plan import make_plan
+    from gsdistill.tuples.builder.units import UNITS_DIR
     plan = make_plan(kind, source, cfg, exclude=out)
     _claim(out, plan, overwrite)
     with writing(out / UNITS_DIR):

@@ -1,6 +1,6 @@
 """Synthetic page sets for training runs, built by the parallel page-tuple builder.
 
-The same build as ``gsdistill tuples build --from synthetic N`` (:func:`gsdistill.tuples.build.driver.build_shards`):
+The same build as ``gsdistill tuples build --from synthetic N`` (:func:`gsdistill.tuples.builder.driver.build_shards`):
 shards are built by a pool of single-threaded processes on every core this process may use
 (measured: 1.64-1.67x one process's pages/s with 2 workers on 2 cores, docs/benchmarks.md; one
 H200 host made 6.8 pages/s in one process, so 4,096 pages took 10 minutes). Page ``i`` of seed ``s`` depends only on ``(s, i)``, so the
@@ -34,7 +34,7 @@ def build_synthetic(pages: int, out_dir: str | Path, *, seed: int, width: int, h
     """Build ``pages`` synthetic pages into shards in ``out_dir`` on ``workers`` processes (None:
     the cores this process may use); returns the manifest."""
     from gsdistill.config import load_config
-    from gsdistill.tuples.build.driver import build_shards
+    from gsdistill.tuples.builder.driver import build_shards
 
     workers = workers or available_cores()
     per_shard = max(1, pages // shard_count(pages, max(1, readers), workers))  # rounded down: never fewer shards

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from gsdistill.tuples.build.inputs import KINDS, _doc_id, input_files, same_files, token_files
+from gsdistill.tuples.builder.inputs import KINDS, _doc_id, input_files, same_files, token_files
 from gsdistill.tuples.errors import DataError, SkipLog
 
 # keys that change how a build runs, not what it writes: a resumed build may change them

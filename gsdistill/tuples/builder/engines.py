@@ -23,7 +23,7 @@ from typing import Iterator
 from omegaconf import DictConfig
 
 from gsdistill.threads import available_cores
-from gsdistill.tuples.build.units import build_unit
+from gsdistill.tuples.builder.units import build_unit
 from gsdistill.tuples.errors import DataError
 from gsdistill.tuples.worker_guard import single_threaded, start_pool_worker  # noqa: F401 (also public here)
 
