@@ -1,7 +1,7 @@
 """Every path and link the docs give resolves (issue 59: files moved, no doc left pointing at the old place).
 
-- Markdown links ``[text](path#anchor)`` in README.md, docs/*.md and tools/README.md: the file exists and the
-  anchor is one of its headings as GitHub spells them (lowercase, punctuation dropped, spaces to ``-``,
+- Markdown links ``[text](path#anchor)`` in README.md, docs/**/*.md (docs/history/ too) and tools/README.md: the
+  file exists and the anchor is one of its headings as GitHub spells them (lowercase, punctuation dropped, spaces to ``-``,
   ``-1``, ``-2``, ... for repeats).
 - Paths of the project's own files named in backticks (``tools/...``, ``gsdistill/...``, ``configs/...``,
   ``tests/...``): they exist (a ``*`` or ``{a,b}`` pattern, an ``<name>`` placeholder or a folder of a run's
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", ROOT / "tools" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "tools" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CODE_PATH = re.compile(r"`((?:tools|gsdistill|configs|tests)/[^`\s]+)")
 
