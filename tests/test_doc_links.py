@@ -3,6 +3,8 @@
 - Markdown links ``[text](path#anchor)`` in README.md, docs/**/*.md (docs/history/ too) and tools/README.md: the
   file exists and the anchor is one of its headings as GitHub spells them (lowercase, punctuation dropped, spaces to ``-``,
   ``-1``, ``-2``, ... for repeats).
+- Sections of docs/learning.md and docs/benchmarks.md named by title in a comment or doc (``docs/learning.md,
+  "Real documents"``): a heading of that doc or of its notebook files in docs/history/ has the title.
 - Paths of the project's own files named in backticks (``tools/...``, ``gsdistill/...``, ``configs/...``,
   ``tests/...``): they exist (a ``*`` or ``{a,b}`` pattern, an ``<name>`` placeholder or a folder of a run's
   output is not a path of the project and is not checked).
@@ -65,3 +67,26 @@ def test_every_project_path_in_backticks_exists(doc):
         if not (ROOT / path).exists():
             missing.append(path)
     assert not missing, f"{doc.relative_to(ROOT)} names files that do not exist: {sorted(set(missing))}"
+
+
+NAMED_SECTION = re.compile(r"docs/(learning|benchmarks)\.md[,:]? \(?\"([^\"]+)\"")
+
+
+def test_every_section_named_by_title_is_found():
+    """A comment or doc that names a section of the two notebooks (``docs/learning.md, "Real documents"``) finds it:
+    a heading of that doc or of its files in docs/history/, which the doc's index links (issue 65 moved them there)."""
+    sources = [ROOT / "README.md", ROOT / "tools" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for folder in ("gsdistill", "configs", "tools", "tests"):
+        sources += [p for p in sorted((ROOT / folder).rglob("*")) if p.is_file() and p.suffix in
+                    {".py", ".sh", ".yaml", ".yml", ".json", ".md", ".toml"}]
+    missing = []
+    for src in sources:
+        text = re.sub(r"\s*\n\s*(?:#+|//)?\s*", " ", src.read_text(encoding="utf-8", errors="replace"))
+        for m in NAMED_SECTION.finditer(text):
+            doc, title = m.group(1), m.group(2).replace("...", "").strip().lower()
+            files = [ROOT / "docs" / f"{doc}.md", *sorted((ROOT / "docs" / "history").glob(f"{doc}-*.md"))]
+            heads = [line.lower() for f in files for line in f.read_text(encoding="utf-8").splitlines()
+                     if line.startswith("#")]
+            if not any(title in h for h in heads):
+                missing.append(f"{src.relative_to(ROOT)}: docs/{doc}.md, \"{m.group(2)}\"")
+    assert not missing, "sections named by title that no heading has: " + "; ".join(missing)
