@@ -1,8 +1,8 @@
 """Every path and link the docs give resolves (issue 59: files moved, no doc left pointing at the old place).
 
 - Markdown links ``[text](path#anchor)`` in README.md, docs/**/*.md (docs/history/ too) and tools/README.md: the
-  file exists and the anchor is one of its headings as GitHub spells them (lowercase, punctuation dropped, spaces to ``-``,
-  ``-1``, ``-2``, ... for repeats).
+  file exists and the anchor is one of its headings as GitHub spells them (lowercase, punctuation dropped, spaces
+  to ``-``, ``-1``, ``-2``, ... for repeats).
 - Sections of docs/learning.md and docs/benchmarks.md named by title in a comment or doc (``docs/learning.md,
   "Real documents"``): a heading of that doc or of its notebook files in docs/history/ has the title.
 - Paths of the project's own files named in backticks (``tools/...``, ``gsdistill/...``, ``configs/...``,
