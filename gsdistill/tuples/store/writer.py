@@ -9,6 +9,7 @@ renamed from ``.tmp`` when closed, also when the page iterator fails half-way.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -21,7 +22,7 @@ from typing import Iterable
 from tqdm import tqdm
 
 from gsdistill.tuples.errors import SkipLog, reason_key
-from gsdistill.tuples.store.image_codec import FORMATS, encode_image
+from gsdistill.tuples.store.image_codec import FORMATS, encode_image, image_kind, stored_format
 
 FORMAT = "gsdistill-shards/1"
 MANIFEST = "manifest.json"
@@ -34,6 +35,15 @@ def sample_key(page_id: str) -> str:
     character than ``A-Za-z0-9-`` (``_`` included) becomes ``_`` + its UTF-8 bytes in hex, which
     is injective: ``report/v1`` -> ``report_2fv1``, ``report_v1`` -> ``report_5fv1``."""
     return _UNSAFE.sub(lambda m: "".join(f"_{b:02x}" for b in m.group().encode("utf-8")), str(page_id))
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes (a shard's, recorded in the manifest: what a resume compares)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -65,8 +75,10 @@ def accept_page(page: dict, seen: set[str], skips: SkipLog) -> str | None:
 
 
 def page_members(page: dict, key: str, image_format: str, jpeg_quality: int) -> list[tuple[str, bytes]]:
-    """The two tar members of one page: encoded image, then its json."""
-    return [(image_format, encode_image(page["image"], image_format, jpeg_quality)),
+    """The two tar members of one page: encoded image (named by what its bytes are: ``png`` for a
+    ``zst`` build without a working ``zstandard``), then its json."""
+    image = encode_image(page["image"], image_format, jpeg_quality)
+    return [(image_kind(image), image),
             ("json", json.dumps(page_json(page), ensure_ascii=False).encode())]
 
 
@@ -131,7 +143,9 @@ class _ShardFiles:
     def close(self) -> None:
         if self.tar is not None:
             self.tar.close()
-            (self.out / (self.shards[-1]["name"] + ".tmp")).replace(self.out / self.shards[-1]["name"])
+            shard = self.out / self.shards[-1]["name"]
+            (self.out / (shard.name + ".tmp")).replace(shard)
+            self.shards[-1].update(bytes=shard.stat().st_size, sha256=file_sha256(shard))
             self.tar = None
 
 
@@ -146,6 +160,7 @@ def write_shards(pages: Iterable[dict], out_dir: str | Path, pages_per_shard: in
     if image_format not in FORMATS:
         raise ValueError(f"image_format must be one of {' | '.join(FORMATS)}, got {image_format!r}")
     out = Path(out_dir)
+    stored_format(image_format)  # one line, before the first page, where zst falls back to png
     out.mkdir(parents=True, exist_ok=True)
     for old in [*out.glob("shard-*.tar"), *out.glob("shard-*.tar.tmp")]:
         old.unlink()
