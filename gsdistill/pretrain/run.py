@@ -31,7 +31,7 @@ from gsdistill.config import load_config, save_config
 from gsdistill.errors import GsdistillError, InputError, MissingFileError
 from gsdistill.models.backbone import create_backbone, non_finite_weights, save_backbone
 from gsdistill.output_folder import check_output_dir, lock_folder
-from gsdistill.pretrain import checkpoint, config_checks, run_folder, same_run, startup_checks
+from gsdistill.pretrain import bounds, checkpoint, config_checks, run_folder, same_run, startup_checks
 from gsdistill.pretrain.distributed import rank0_then_all, setup
 from gsdistill.pretrain.loop import Trainer
 
@@ -278,7 +278,7 @@ def run_pretraining(cfg, run_dir: Path | None = None, batches=None, overwrite: b
         if resumed is not None:
             _check_resume(model, resumed, changes, cfg)
         patch = int(model.backbone.patch_embed.patch_size[0])
-        data = None
+        data, cut = None, None
         if batches is not None:
             stream = batches(rank, world)
         else:
@@ -288,6 +288,9 @@ def run_pretraining(cfg, run_dir: Path | None = None, batches=None, overwrite: b
             stream, shards = _data_stream(cfg, rank, world, global_batch // world, patch, run_dir, device)
             if data is None:
                 data = _checked_data(resumed, shards, rank) if resumed is not None else same_run.data_record(shards)
+            cut = bounds.cut_at_max_spans(shards, int(cfg["views"]["max_spans"]))
+            if rank == 0:
+                print(f"[pretrain] data: {shards}; {bounds.describe_cut(cut)}", flush=True)
         engine = build_engine(cfg, model, device, world, global_batch // world)
         trainer = Trainer(cfg, run_dir, engine, stream, rank, world, device)
         trainer.run_info = {"data": data} if data else {}
@@ -304,7 +307,7 @@ def run_pretraining(cfg, run_dir: Path | None = None, batches=None, overwrite: b
             run_history.record(run_dir, "resume" if resumed else "start", trainer.step, changes,
                                **({"checkpoint": _absolute(resumed)} if resumed else {}),
                                data={k: v for k, v in data.items() if k != "shards"} if data else data, world_size=world,
-                               **({"replaced": removed} if removed else {}))
+                               **({"replaced": removed} if removed else {}), **({"bounds": cut} if cut else {}))
         _fit(trainer, run_dir, rank)
         state = engine.model_state()
         if rank == 0:

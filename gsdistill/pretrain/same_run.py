@@ -122,8 +122,8 @@ def check_data(state: dict, folder: str | Path, ckpt: Path) -> tuple[dict, str |
     contents were recorded is checked by its manifest alone, said in the note (its resume records
     them, so the next resume checks them)."""
     before = state.get("data") if isinstance(state, dict) else None
-    known = before if isinstance(before, dict) and isinstance(before.get("shards"), dict) else None
-    now = data_record(folder, known)
+    known = before["shards"] if isinstance(before, dict) and isinstance(before.get("shards"), dict) else None
+    now = data_record(folder, before if known is not None else None)
     if not isinstance(before, dict) or not before.get("manifest_sha256"):
         return now, (f"{ckpt} was written before runs recorded their data: the data folder is not checked "
                      "against it this once; checkpoints from now on record it")

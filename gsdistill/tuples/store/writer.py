@@ -87,6 +87,9 @@ class PageStats:
 
     def __init__(self):
         self.classes, self.pages_with, self.sources = Counter(), Counter(), Counter()
+        # pages per count of spans / boxes on a page ({"40": 3}: 3 pages hold 40): what a bound such as
+        # views.max_spans cuts is known at a run's start without reading the shards
+        self.span_counts, self.box_counts = Counter(), Counter()
         self.docs: set[str] = set()
         self.spans = 0
 
@@ -97,6 +100,8 @@ class PageStats:
         self.sources[page.get("source", "?")] += 1
         self.docs.add(str(page.get("doc_id", page.get("id"))))
         self.spans += len(page["spans"])
+        self.span_counts[str(len(page["spans"]))] += 1
+        self.box_counts[str(len(cats))] += 1
 
     def merge(self, summary: dict) -> None:
         """Add the counts of another ``summary()`` (a build unit's record)."""
@@ -105,12 +110,16 @@ class PageStats:
         self.sources.update(summary["sources"])
         self.docs.update(summary["doc_ids"])
         self.spans += summary["spans"]
+        self.span_counts.update(summary.get("pages_by_span_count", {}))
+        self.box_counts.update(summary.get("pages_by_box_count", {}))
 
     def summary(self) -> dict:
         # sorted: the same manifest bytes whatever order pages (and set iteration) came in
         return {"boxes_per_class": dict(sorted(self.classes.items())),
                 "pages_with_class": dict(sorted(self.pages_with.items())),
-                "sources": dict(sorted(self.sources.items())), "doc_ids": sorted(self.docs), "spans": self.spans}
+                "sources": dict(sorted(self.sources.items())), "doc_ids": sorted(self.docs), "spans": self.spans,
+                "pages_by_span_count": dict(sorted(self.span_counts.items(), key=lambda kv: int(kv[0]))),
+                "pages_by_box_count": dict(sorted(self.box_counts.items(), key=lambda kv: int(kv[0])))}
 
 
 def assemble_manifest(shards: list[dict], summary: dict, skipped: list[dict]) -> dict:
@@ -119,6 +128,7 @@ def assemble_manifest(shards: list[dict], summary: dict, skipped: list[dict]) ->
             "pages": sum(s["pages"] for s in shards), "documents": len(summary["doc_ids"]), "spans": summary["spans"],
             "shards": shards, "boxes_per_class": summary["boxes_per_class"],
             "pages_with_class": summary["pages_with_class"], "sources": summary["sources"],
+            "pages_by_span_count": summary["pages_by_span_count"], "pages_by_box_count": summary["pages_by_box_count"],
             "skipped_count": len(skipped), "skip_reasons": dict(Counter(reason_key(s["reason"]) for s in skipped)),
             "skipped": skipped}
 
