@@ -122,4 +122,19 @@ def second_interrupt_kills_workers(what: str):
     try:
         yield
     finally:
+        if not presses:  # once pressed, the command is ending: a second press still ends it at once
+            signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def interrupts_ignored_while_starting():
+    """Start worker processes with SIGINT ignored: a spawned Python keeps an ignored SIGINT ignored, so a
+    Ctrl-C while a worker still imports (torch: seconds) is no ``KeyboardInterrupt`` traceback in it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
         signal.signal(signal.SIGINT, previous)

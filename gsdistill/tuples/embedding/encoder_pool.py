@@ -20,7 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from gsdistill.tuples.worker_guard import exit_with_parent, ignore_interrupts, second_interrupt_kills_workers
+from gsdistill.tuples.worker_guard import (exit_with_parent, ignore_interrupts, interrupts_ignored_while_starting,
+                                           second_interrupt_kills_workers)
 
 _worker_encoder = None  # the encoder of a worker process, built once by its initializer
 _worker_error: Exception | None = None  # why it could not be built: raised by the worker's first task
@@ -94,8 +95,9 @@ class EncoderPool:
             ctx = multiprocessing.get_context("spawn")
             self._interrupts = second_interrupt_kills_workers("the text encoding")
             self._interrupts.__enter__()  # left in close(): while the pool lives, a second Ctrl-C kills it
-            self._pool = ctx.Pool(self.workers, initializer=_start_worker, maxtasksperchild=PIECES_PER_WORKER,
-                                  initargs=(make_encoder, name, int(threads), precision, os.getpid()))
+            with interrupts_ignored_while_starting():
+                self._pool = ctx.Pool(self.workers, initializer=_start_worker, maxtasksperchild=PIECES_PER_WORKER,
+                                      initargs=(make_encoder, name, int(threads), precision, os.getpid()))
             try:
                 self.dim = int(self._pool.apply(_worker_dim))
             except BaseException:
