@@ -8,6 +8,8 @@ those keeps working.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 
 class GsdistillError(Exception):
     """Bad input, explained in one line that names the file or config key and the problem."""
@@ -138,24 +140,20 @@ def no_room_error(path, why: str, rerun: str = "run the same command again") -> 
                             f"free some space (or raise the file size limit) and {rerun}")
 
 
-class writing_file:  # noqa: N801 (used as a context manager, like open)
+@contextmanager
+def writing_file(path, cleanup=None, rerun: str = "run the same command again"):
     """``with writing_file(path): <write path>``: a lack of room while writing (any library's error that
     :func:`no_room` recognises) becomes :class:`OutputWriteError` naming ``path`` and the free space
     (one line, exit 2 at the CLI), after ``cleanup(path)`` removes the partial output where given.
     Other errors pass unchanged."""
-
-    def __init__(self, path, cleanup=None, rerun: str = "run the same command again"):
-        self.path, self.cleanup, self.rerun = path, cleanup, rerun
-
-    def __enter__(self):
-        return self.path
-
-    def __exit__(self, kind, exc, tb):
-        if exc is None or not isinstance(exc, Exception) or isinstance(exc, OutputWriteError):
-            return False
-        why = no_room(exc, self.path)
+    try:
+        yield path
+    except OutputWriteError:
+        raise
+    except Exception as e:
+        why = no_room(e, path)
         if why is None:
-            return False
-        if self.cleanup is not None:
-            self.cleanup(self.path)
-        raise no_room_error(self.path, why, self.rerun) from None
+            raise
+        if cleanup is not None:
+            cleanup(path)
+        raise no_room_error(path, why, rerun) from None
