@@ -82,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     except GsdistillError as e:
         print(f"gsdistill {name}: {_one_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop (which says more itself): one line, no traceback
+        from gsdistill.errors import _ignore_signals
+        _ignore_signals()  # a second Ctrl-C while this process exits: no traceback either
+        print(f"gsdistill {name}: interrupted; run the same command again to resume or redo it", file=sys.stderr)
+        return 130
 
 
 def _one_line(e: BaseException) -> str:

@@ -16,7 +16,7 @@ import timm
 import torch
 from safetensors.torch import load_file, save_file
 
-from gsdistill.errors import CorruptFileError, InputError, corrupt
+from gsdistill.errors import CorruptFileError, InputError, OutputWriteError, corrupt, writing_file
 
 FORMAT = "gsdistill-backbone/1"
 WEIGHTS, META = "backbone.safetensors", "backbone.json"
@@ -90,14 +90,34 @@ def save_backbone(model: torch.nn.Module, cfg: dict, out_dir: str | Path, extra:
     bad = non_finite_weights(state)
     if bad:
         raise InputError(f"{out}: the backbone to write holds NaN/inf weights ({', '.join(bad[:3])}); not written")
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (WEIGHTS + ".tmp")
-    save_file(state, str(tmp))
-    tmp.replace(out / WEIGHTS)
     meta = {"format": FORMAT, "model_name": cfg["name"], "kwargs": backbone_kwargs(cfg),
             "embed_dim": int(getattr(model, "embed_dim", 0)), **(extra or {})}
-    (out / META).write_text(json.dumps(meta, indent=2))
+    # both files written beside under temporary names, then renamed: a full disk leaves the backbone
+    # that was there (or none), never a half-written one, and no folder this call made
+    tmps = {name: out / (name + ".tmp") for name in (WEIGHTS, META)}
+    try:
+        with writing_file(out / WEIGHTS):
+            save_file(state, str(tmps[WEIGHTS]))
+        with writing_file(out / META):
+            tmps[META].write_text(json.dumps(meta, indent=2))
+    except OutputWriteError:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True)
+        if made:
+            _remove_if_empty(out)
+        raise
+    for name, tmp in tmps.items():
+        tmp.replace(out / name)
     return out
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # it holds something now
+        pass
 
 
 def read_backbone_meta(path: str | Path) -> dict:

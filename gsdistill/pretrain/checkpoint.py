@@ -31,7 +31,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from gsdistill.errors import CorruptFileError, GsdistillError, InputError, MissingFileError, corrupt
+from gsdistill.errors import CorruptFileError, GsdistillError, InputError, MissingFileError, corrupt, writing_file
 
 MODEL_FILE, OPTIM_FILE, STATE_FILE, LATEST = "model.safetensors", "optimizer.pt", "state.json", "latest"
 
@@ -64,28 +64,47 @@ def tmp_dir(ckpt_root: Path, step: int) -> Path:
 
 
 def write_model(folder: Path, state: dict[str, torch.Tensor]) -> None:
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / MODEL_FILE))
+    with writing_file(folder / MODEL_FILE):  # a full disk: one line naming the file and the free space
+        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / MODEL_FILE))
+
+
+def save_torch(obj, path: Path) -> None:
+    """``torch.save``, a full disk (or the file size limit) being one line naming the file."""
+    with writing_file(path):
+        torch.save(obj, path)
+
+
+def write_text(path: Path, text: str) -> None:
+    with writing_file(path):
+        path.write_text(text)
+
+
+def discard_partial(folder: Path) -> None:
+    """Remove the checkpoint folder being assembled (``.tmp-step-N``, this run's own) after a failed write:
+    the checkpoints before it stay as they were, and no half-written one is left to be mistaken for one."""
+    if folder.name.startswith(".tmp-") and folder.is_dir() and not folder.is_symlink():
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_rng(folder: Path, rank: int) -> None:
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state()
-    torch.save(rng, folder / rng_file(rank))
+    save_torch(rng, folder / rng_file(rank))
 
 
 def finalize(ckpt_root: Path, step: int, state: dict, cfg) -> Path:
     """Rank 0: write state.json + config, rename the tmp folder into place, point ``latest`` at it."""
     ckpt_root = Path(ckpt_root)
     tmp = tmp_dir(ckpt_root, step)
-    (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
-    (tmp / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_text(tmp / STATE_FILE, json.dumps(state, indent=2))
+    write_text(tmp / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     final = ckpt_root / checkpoint_name(step)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     latest_tmp = ckpt_root / (LATEST + ".tmp")
-    latest_tmp.write_text(final.name + "\n")
+    write_text(latest_tmp, final.name + "\n")
     os.replace(latest_tmp, ckpt_root / LATEST)
     return final
 

@@ -5,7 +5,8 @@ traceback minutes later.
 What is checked: the backbone (a timm ViT that timm can build with the given sizes; built on the
 ``meta`` device, which allocates nothing), the global view size against its patch size, the loss
 names, what the local text term needs, the descriptor format, the synthetic page size and text scale (by the generator's own limits),
-the shard folder and the text encoder. ``gsdistill pretrain``, ``demo`` and ``ablate`` call
+the shard folder, the text encoder, and ``views.max_spans`` against the memory a batch padded to it takes
+(:mod:`gsdistill.pretrain.bounds`). ``gsdistill pretrain``, ``demo`` and ``ablate`` call
 :func:`check_pretrain_config` first; ``detect train`` checks its random backbone with
 :func:`check_backbone`.
 """
@@ -132,6 +133,8 @@ def check_pretrain_config(cfg, data: bool = True, shards_made_later: bool = Fals
                           f"model.backbone ({cfg['model']['backbone']['name']})")
     _check_losses(cfg)
     _check_local_sem(cfg)
+    from gsdistill.pretrain.bounds import check_max_spans
+    check_max_spans(cfg)
     if not data:
         return
     from gsdistill.tuples.descriptors import check_format

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gsdistill.errors import CorruptFileError, InputError, MissingFileError
+from gsdistill.errors import CorruptFileError, InputError, MissingFileError, writing_file
 from gsdistill.losses.precision import tf32_for_float32_islands
 from gsdistill.pretrain import checkpoint
 from gsdistill.pretrain.engine_torch import build_adamw, param_groups
@@ -142,7 +142,8 @@ class DeepSpeedEngine:
         state = self.model_state()
         if rank == 0:
             checkpoint.write_model(folder, state)
-        self.engine.save_checkpoint(str(Path(folder) / DS_SUBDIR), tag=DS_TAG)
+        with writing_file(Path(folder) / DS_SUBDIR):
+            self.engine.save_checkpoint(str(Path(folder) / DS_SUBDIR), tag=DS_TAG)
 
     def load(self, folder: Path) -> None:
         path = Path(folder) / DS_SUBDIR

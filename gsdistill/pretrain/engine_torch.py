@@ -237,7 +237,7 @@ class TorchEngine:
         """Rank 0 writes weights and optimizer state (identical on every rank under DDP)."""
         if rank == 0:
             checkpoint.write_model(folder, self.model_state())
-            torch.save(self.optimizer.state_dict(), Path(folder) / checkpoint.OPTIM_FILE)
+            checkpoint.save_torch(self.optimizer.state_dict(), Path(folder) / checkpoint.OPTIM_FILE)
 
     def load(self, folder: Path) -> None:
         checkpoint.load_model_state(self.module, checkpoint.read_model(folder, self.device),

@@ -33,6 +33,7 @@ def main(argv: list[str]) -> int:
     from gsdistill.output_folder import OutputConflict, check_output_dir, lock_folder
     from gsdistill.pretrain import checkpoint
     from gsdistill.pretrain.run import backbone_state, export_backbone
+    from gsdistill.tuples.store.folder import removed_if_left_empty
     ckpt = checkpoint.resolve_checkpoint(args.run_dir)
     try:  # a damaged checkpoint is named, with the intact one to export instead (never silently)
         checkpoint.verify(ckpt)
@@ -42,7 +43,7 @@ def main(argv: list[str]) -> int:
     cfg = checkpoint.read_config(ckpt)
     state = checkpoint.read_model(ckpt)
     backbone_state(state, args.weights, str(ckpt))  # refused (NaN/inf, no teacher) before OUT_DIR is made
-    with lock_folder(out):
+    with removed_if_left_empty(out), lock_folder(out):  # a failed write (a full disk) leaves no empty OUT_DIR
         held = [n for n in (WEIGHTS, META) if (out / n).exists()]
         if held and not args.overwrite:
             raise OutputConflict(f"OUT_DIR {out}: holds a backbone already ({', '.join(held)}); choose another "

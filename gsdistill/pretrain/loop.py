@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from gsdistill.errors import InputError, TrainingDiverged, TrainingInterrupted
+from gsdistill.errors import InputError, OutputWriteError, TrainingDiverged, TrainingInterrupted
 from gsdistill.losses import validation
 from gsdistill.pretrain import checkpoint, checkpoint_checks
 from gsdistill.pretrain.prefetch import DeviceFeed
@@ -147,8 +147,12 @@ class Trainer:
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, metrics: dict | None = None) -> Path:
         folder = checkpoint.tmp_dir(self.ckpt_root, self.step)
-        self.engine.save(folder, self.rank)
-        checkpoint.write_rng(folder, self.rank)
+        try:
+            self.engine.save(folder, self.rank)
+            checkpoint.write_rng(folder, self.rank)
+        except OutputWriteError:  # a full disk: the checkpoints written before stay, this one is not left half-made
+            checkpoint.discard_partial(folder)
+            raise
         if self.world > 1:
             dist.barrier()
         final = self.ckpt_root / checkpoint.checkpoint_name(self.step)
@@ -156,7 +160,11 @@ class Trainer:
         if self.rank == 0:
             state = {"step": self.step, "data_position": self.feed.position, "world_size": self.world,
                      "metrics": metrics or {}, "engine": self.plan.engine, **self.run_info}
-            checkpoint.finalize(self.ckpt_root, self.step, state, self.cfg)
+            try:
+                checkpoint.finalize(self.ckpt_root, self.step, state, self.cfg)
+            except OutputWriteError:
+                checkpoint.discard_partial(folder)
+                raise
             self.own_checkpoints = checkpoint.prune(self.own_checkpoints, self.plan.keep_checkpoints)
         if self.world > 1:
             dist.barrier()

@@ -31,7 +31,7 @@ from gsdistill.config import load_config, save_config
 from gsdistill.errors import GsdistillError, InputError, MissingFileError
 from gsdistill.models.backbone import create_backbone, non_finite_weights, save_backbone
 from gsdistill.output_folder import check_output_dir, lock_folder
-from gsdistill.pretrain import checkpoint, config_checks, run_folder, same_run, startup_checks
+from gsdistill.pretrain import bounds, checkpoint, config_checks, run_folder, same_run, startup_checks
 from gsdistill.pretrain.distributed import rank0_then_all, setup
 from gsdistill.pretrain.loop import Trainer
 
@@ -144,6 +144,14 @@ def export_backbone(model_state: dict[str, torch.Tensor], cfg, out_dir: Path, so
     checkpoint.load_model_state(backbone, state, Path(source or "model state"))
     return save_backbone(backbone, bcfg, out_dir,
                          extra={"source": source, "trained_with": "gsdistill", "weights": weights})
+
+
+def _checked_data(resumed: Path, shards, rank: int) -> dict:
+    """The data record of ``shards``, refused when not the data checkpoint ``resumed`` trained on."""
+    data, note = same_run.check_data(checkpoint.read_state(resumed), shards, resumed)
+    if note and rank == 0:
+        print(f"[pretrain] resume: {note}", file=sys.stderr)
+    return data
 
 
 def _data_stream(cfg, rank: int, world: int, local_batch: int, patch_size: int, run_dir: Path,
@@ -270,14 +278,19 @@ def run_pretraining(cfg, run_dir: Path | None = None, batches=None, overwrite: b
         if resumed is not None:
             _check_resume(model, resumed, changes, cfg)
         patch = int(model.backbone.patch_embed.patch_size[0])
-        data = None
+        data, cut = None, None
         if batches is not None:
             stream = batches(rank, world)
         else:
+            given = cfg["data"]["shards"]  # checked before its text cache is (re)built: a refusal costs nothing
+            if resumed is not None and given:
+                data = _checked_data(resumed, given, rank)
             stream, shards = _data_stream(cfg, rank, world, global_batch // world, patch, run_dir, device)
-            data = same_run.data_record(shards)
-            if resumed is not None:
-                same_run.check_data(checkpoint.read_state(resumed), data, resumed)
+            if data is None:
+                data = _checked_data(resumed, shards, rank) if resumed is not None else same_run.data_record(shards)
+            cut = bounds.cut_at_max_spans(shards, int(cfg["views"]["max_spans"]))
+            if rank == 0:
+                print(f"[pretrain] data: {shards}; {bounds.describe_cut(cut)}", flush=True)
         engine = build_engine(cfg, model, device, world, global_batch // world)
         trainer = Trainer(cfg, run_dir, engine, stream, rank, world, device)
         trainer.run_info = {"data": data} if data else {}
@@ -292,8 +305,9 @@ def run_pretraining(cfg, run_dir: Path | None = None, batches=None, overwrite: b
         if rank == 0:  # only now: a resume that fails leaves the run's config.yaml (and history) as it was
             save_config(cfg, run_dir)
             run_history.record(run_dir, "resume" if resumed else "start", trainer.step, changes,
-                               **({"checkpoint": _absolute(resumed)} if resumed else {}), data=data, world_size=world,
-                               **({"replaced": removed} if removed else {}))
+                               **({"checkpoint": _absolute(resumed)} if resumed else {}),
+                               data={k: v for k, v in data.items() if k != "shards"} if data else data, world_size=world,
+                               **({"replaced": removed} if removed else {}), **({"bounds": cut} if cut else {}))
         _fit(trainer, run_dir, rank)
         state = engine.model_state()
         if rank == 0:

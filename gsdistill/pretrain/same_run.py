@@ -10,13 +10,17 @@ way the changed keys are written to ``history.jsonl``.
 
 The data: ``data.shards`` is made absolute at start (a relative one against the working directory
 of that start), so the saved config names the same folder wherever a resume is started from; each
-checkpoint's ``state.json`` records the folder read and the SHA-256 of its ``manifest.json``, and a
-resume whose data folder's manifest differs (rebuilt, replaced, another folder) is refused.
+checkpoint's ``state.json`` records the folder read, the SHA-256 of its ``manifest.json`` and of every
+shard's content (the build records each shard's sha256 in the manifest; only a shard whose size or
+modification time changed since is read again), and a resume whose data differs (rebuilt, replaced,
+another folder, a page edited inside a shard) is refused in one line. A checkpoint of a run started
+before shard contents were recorded is checked by its manifest alone, said once in one line.
 """
 from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from omegaconf import OmegaConf
 
 from gsdistill import run_history
 from gsdistill.errors import InputError
+from gsdistill.tuples.store.writer import file_sha256
 
 ALLOW_KEY = "train.resume_changes"
 # per-invocation keys: never carried over from the resumed checkpoint, never reported as changes
@@ -65,22 +70,79 @@ def check_changes(changes: dict[str, tuple], cfg, ckpt: Path) -> None:
     run_history.check_resume(changes, FIXED, cfg["train"]["resume_changes"], ckpt, ALLOW_KEY)
 
 
-def data_record(folder: str | Path) -> dict:
-    """``{"folder": absolute path, "manifest_sha256": ...}`` of the shard folder a run reads."""
+def _shard_stat(path: Path) -> list[int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def data_record(folder: str | Path, before: dict | None = None) -> dict:
+    """``{"folder", "manifest_sha256", "shards": {name: [sha256, bytes, mtime_ns]}, "sha256"}`` of the
+    shard folder a run reads: ``sha256`` covers the manifest and every shard's content.
+
+    Cheap: a shard's sha256 is taken from the manifest (recorded by the build; computed here for
+    shards of older builds) when its size is the manifest's, and from ``before`` (the record of the
+    checkpoint resumed) when its size and modification time are those recorded there; only a shard
+    whose size or time changed since is read and hashed again."""
     folder = Path(os.path.abspath(folder))
     manifest = folder / MANIFEST
-    digest = hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
-    return {"folder": str(folder), "manifest_sha256": digest}
+    if not manifest.is_file():
+        return {"folder": str(folder), "manifest_sha256": None}
+    raw = manifest.read_bytes()
+    try:
+        listed = json.loads(raw).get("shards") or []
+    except (ValueError, AttributeError):
+        listed = []
+    known = (before or {}).get("shards") or {}
+    shards = {}
+    for entry in listed:
+        name = str(entry.get("name"))
+        stat = _shard_stat(folder / name)
+        if stat is None:
+            shards[name] = [None, None, None]
+        elif name in known and known[name][1:] == stat:
+            shards[name] = [known[name][0], *stat]
+        elif before is None and entry.get("sha256") and entry.get("bytes") == stat[0]:
+            shards[name] = [entry["sha256"], *stat]
+        else:
+            shards[name] = [file_sha256(folder / name), *stat]
+    whole = hashlib.sha256(raw)
+    for name, (sha, *_) in shards.items():
+        whole.update(f"\0{name}\0{sha}".encode())
+    return {"folder": str(folder), "manifest_sha256": hashlib.sha256(raw).hexdigest(), "shards": shards,
+            "sha256": whole.hexdigest()}
 
 
-def check_data(state: dict, now: dict, ckpt: Path) -> None:
-    """InputError when the data folder's manifest differs from the one checkpoint ``ckpt`` trained on
-    (a checkpoint written before data was recorded is not checked)."""
+def check_data(state: dict, folder: str | Path, ckpt: Path) -> tuple[dict, str | None]:
+    """The data record of ``folder`` now and a one-line note (or None); InputError when the data
+    differs from what checkpoint ``ckpt`` trained on: its manifest, or the content of any shard (an
+    edited page inside a shard whose manifest stayed the same). A checkpoint written before shard
+    contents were recorded is checked by its manifest alone, said in the note (its resume records
+    them, so the next resume checks them)."""
     before = state.get("data") if isinstance(state, dict) else None
+    known = before["shards"] if isinstance(before, dict) and isinstance(before.get("shards"), dict) else None
+    now = data_record(folder, before if known is not None else None)
     if not isinstance(before, dict) or not before.get("manifest_sha256"):
-        return
+        return now, (f"{ckpt} was written before runs recorded their data: the data folder is not checked "
+                     "against it this once; checkpoints from now on record it")
+    where = f"not the data the run of {ckpt} trained on"
     if before["manifest_sha256"] != now["manifest_sha256"]:
-        raise InputError(f"{Path(now['folder']) / MANIFEST}: not the data the run of {ckpt} trained on (it read "
+        raise InputError(f"{Path(now['folder']) / MANIFEST}: {where} (it read "
                          f"{before.get('folder')}, manifest sha256 {before['manifest_sha256'][:12]}; now "
-                         f"{str(now['manifest_sha256'])[:12]}); a resume reads exactly the data its run started "
-                         "with: resume in the run's own folder, restore that data, or start a new run")
+                         f"{str(now['manifest_sha256'])[:12]}); {_RESUME_SAME_DATA}")
+    if known is None:
+        return now, (f"{ckpt} was written before runs recorded their shards' contents: the data is checked "
+                     "by manifest.json alone this once; checkpoints from now on record the shards' sha256")
+    changed = [name for name, rec in known.items() if now["shards"].get(name, [None])[0] != rec[0]]
+    if changed:
+        raise InputError(f"{Path(now['folder']) / changed[0]}: the data changed: {where} (its sha256 "
+                         f"{str(known[changed[0]][0])[:12]}, now {str(now['shards'].get(changed[0], [None])[0])[:12]}"
+                         f"{f'; {len(changed) - 1} more shards changed' if len(changed) > 1 else ''}); "
+                         f"{_RESUME_SAME_DATA}")
+    return now, None
+
+
+_RESUME_SAME_DATA = ("a resume reads exactly the data its run started with: resume in the run's own folder, "
+                     "restore that data, or start a new run")

@@ -21,12 +21,15 @@ plus ``dir/dual_encoder.json`` (pooling, normalisation, temperature, max lengths
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gsdistill.errors import no_room, no_room_error
 from gsdistill.losses import LogitScale
 from gsdistill.models.text_encoder import mean_pool, resolve_encoder
 
@@ -137,11 +140,35 @@ class DualEncoder(nn.Module):
                 "query_max_length": self.query_max_length, "passage_max_length": self.passage_max_length,
                 "freeze_passage": self.freeze_passage, "train_top_layers": self.train_top_layers}
 
-    def save_pretrained(self, out_dir: str | Path, card: dict | None = None) -> Path:
-        """Write the saved layout (module doc); ``card`` adds data / loss / metrics to README.md."""
+    def save_pretrained(self, out_dir: str | Path, card: dict | None = None, also=None) -> Path:
+        """Write the saved layout (module doc); ``card`` adds data / loss / metrics to README.md; ``also(folder)``
+        writes more files into it (the run's config). Written into a temporary sibling folder and renamed
+        into place when complete: a full disk (one line naming the file and the free space) leaves the
+        model that was there, or none, never a folder without weights."""
+        out = Path(out_dir)
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        _remove_partial(tmp)
+        try:
+            self._write(tmp, card)
+            if also is not None:
+                also(tmp)
+        except Exception as e:
+            where = _failed_file(tmp, e)
+            why = no_room(e, where)
+            _remove_partial(tmp)
+            if why is None:
+                raise
+            raise no_room_error(out / where.relative_to(tmp), why) from None
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        if out.is_dir() and not out.is_symlink():
+            os.replace(out, old)  # the model saved earlier in this run: replaced, whole
+        os.replace(tmp, out)
+        _remove_partial(old)
+        return out
+
+    def _write(self, out: Path, card: dict | None) -> None:
         from gsdistill.retriever.st_format import write_query_document_router, write_sentence_transformer
 
-        out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self.passage_encoder is None:
             write_sentence_transformer(out, self.query_encoder, self.tokenizer, self.pooling, self.normalize,
@@ -154,7 +181,6 @@ class DualEncoder(nn.Module):
             write_query_document_router(out, "query_encoder", "passage_encoder", self.normalize)
         (out / CONFIG_NAME).write_text(json.dumps(self.settings(), indent=2))
         (out / "README.md").write_text(model_card(self.settings(), card or {}))
-        return out
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **overrides) -> "DualEncoder":
@@ -217,3 +243,21 @@ def model_card(settings: dict, card: dict) -> str:
                   "# any version: SentenceTransformer(path + '/query_encoder'), SentenceTransformer(path + '/passage_encoder')"]
     lines += ["```", ""]
     return "\n".join(lines)
+
+
+def _remove_partial(folder: Path) -> None:
+    """A model folder this process was writing (``.model.tmp-PID`` / ``.model.old-PID``), never a link's target."""
+    if folder.is_symlink():
+        folder.unlink()
+    elif folder.is_dir():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _failed_file(folder: Path, error: Exception) -> Path:
+    """The file a failed save into ``folder`` was writing: the weights beside the file written last for a
+    safetensors error (transformers removes the partial weights file), else the file written last."""
+    files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+    newest = max(files, key=lambda p: p.stat().st_mtime_ns) if files else None
+    if type(error).__name__ == "SafetensorError":
+        return (newest.parent if newest is not None else folder) / "model.safetensors"
+    return newest or folder

@@ -181,6 +181,4 @@ class RetrieverTrainer:
                 "loss": " then ".join(dict.fromkeys(self.epoch_plan())) +
                         (" with label weakening" if self.cfg.weakening.enabled else ""),
                 "training": to_dict(self.cfg.train), "metrics": metrics or {}}
-        path = self.model.save_pretrained(self.run_dir / "model", card)
-        save_config(self.cfg, path)
-        return path
+        return self.model.save_pretrained(self.run_dir / "model", card, also=lambda folder: save_config(self.cfg, folder))

@@ -144,7 +144,7 @@ class RetrieverEngine:
                      "generators": {k: g.get_state() for k, g in _generators(self.losses).items()}}
             if self.scaler is not None:
                 extra["scaler"] = self.scaler.state_dict()
-            torch.save(extra, Path(folder) / checkpoint.OPTIM_FILE)
+            checkpoint.save_torch(extra, Path(folder) / checkpoint.OPTIM_FILE)
 
     def load(self, folder: Path) -> None:
         checkpoint.load_model_state(self.module, checkpoint.read_model(folder, self.device),

@@ -29,7 +29,7 @@ import torch
 from gsdistill.device import resolve_device
 from gsdistill.errors import InputError
 from gsdistill.tuples.errors import DataError
-from gsdistill.tuples.store.image_codec import DamagedImage, decode_zst, image_kind
+from gsdistill.tuples.store.image_codec import DamagedImage, ZstdUnavailable, decode_zst, image_kind
 from gsdistill.views.crop_params import TWIN_OPS, WINDOW, crop_row, drawn_params
 from gsdistill.views.multicrop import MultiCropViews
 
@@ -84,6 +84,8 @@ def page_rgb(page: dict) -> np.ndarray:
             return decode_zst(image)
         except DamagedImage as e:
             raise DataError(f"page {page.get('id')!r}: damaged page image ({e}); rebuild its shard") from None
+        except ZstdUnavailable as e:
+            raise DataError(f"page {page.get('id')!r}: {e}") from None
     rgb_flag = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.10 decodes to RGB itself
     pixels = cv2.imdecode(np.frombuffer(image, dtype=np.uint8), cv2.IMREAD_COLOR if rgb_flag is None else rgb_flag)
     if pixels is None:

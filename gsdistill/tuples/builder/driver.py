@@ -82,7 +82,9 @@ def _assemble(out: Path, plan: dict, records: dict[int, dict]) -> dict:
             record = drop_pages(out, record, repeated, DUPLICATE)
         seen.update(sample_key(pid) for pid in record["page_ids"])
         if record["shard"] is not None:
-            shards.append({"name": record["shard"], "pages": record["pages"]})
+            # the shard's size and sha256 (its record's, verified on resume): what a pretraining resume compares
+            shards.append({"name": record["shard"], "pages": record["pages"], "bytes": record["bytes"],
+                           "sha256": record["sha256"]})
         stats.merge(record["summary"])
         skipped += record["skipped"]
     manifest = assemble_manifest(shards, stats.summary(), skipped)
@@ -157,6 +159,8 @@ def build_shards(kind: str, source: str | Path, out_dir: str | Path, cfg: DictCo
         raise DataError(f"unknown builder {kind!r}; choose one of {', '.join(KINDS)}")
     from gsdistill.tuples.builder.plan import check_build_config
     check_build_config(cfg)
+    from gsdistill.tuples.store.image_codec import stored_format
+    stored_format(cfg.build.image_format)  # zst without zstandard: said once here, not by every worker
     out = Path(out_dir).absolute()  # the same folder for workers on other machines (a shared filesystem)
     check_out(kind, source, out, cfg)
     with removed_if_left_empty(out), lock_folder(out):

@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from gsdistill.threads import available_cores
 from gsdistill.tuples.builder.units import build_unit
 from gsdistill.tuples.errors import DataError
-from gsdistill.tuples.worker_guard import single_threaded, start_pool_worker  # noqa: F401 (also public here)
+from gsdistill.tuples.worker_guard import second_interrupt_kills_workers, single_threaded, start_pool_worker  # noqa: F401
 
 ENGINES = ("local", "ray")
 
@@ -42,8 +42,9 @@ def run_local(jobs: list[dict], workers: int) -> Iterator[dict]:
         return
     # fork where there is one: workers start at once with this process's imports and settings
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=start_pool_worker,
-                             initargs=(os.getpid(),)) as pool:
+    with second_interrupt_kills_workers("the build"), \
+            ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context, initializer=start_pool_worker,
+                                initargs=(os.getpid(),)) as pool:
         futures = [pool.submit(build_unit, job) for job in jobs]
         try:
             for future in as_completed(futures):

@@ -2,7 +2,6 @@
 each file with its failures recorded, document ids, the OCR function of a config."""
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -10,6 +9,7 @@ from typing import Callable, Iterable, Iterator
 from omegaconf import DictConfig
 
 from gsdistill.tuples.errors import DataError, SkipLog
+from gsdistill.tuples.store.writer import file_sha256  # noqa: F401 (also public here)
 
 KINDS = ("pdf", "images", "coco", "docbank", "synthetic")
 
@@ -116,14 +116,6 @@ def per_file(files: Iterable, make: Callable[..., Iterator[dict]], skips: SkipLo
             skips.add(name(f), str(e).replace(f"{name(f)}: ", "", 1))
         except Exception as e:  # a library failing on odd input: recorded, the other files go on
             skips.add(name(f), f"failed: {type(e).__name__}: {e}")
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def ocr_function(cfg: DictConfig):

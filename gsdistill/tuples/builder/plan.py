@@ -96,12 +96,13 @@ def _pdf_page_counts(files: list[Path], max_page_count: int, workers: int | None
     from functools import partial
 
     from gsdistill.threads import available_cores
-    from gsdistill.tuples.worker_guard import start_pool_worker
+    from gsdistill.tuples.worker_guard import second_interrupt_kills_workers, start_pool_worker
     count = partial(_pdf_page_count, max_page_count=max_page_count)
     workers = min(int(workers) if workers else available_cores(), available_cores())
     if workers <= 1 or len(files) < 64:  # a pool costs more than it saves on a few files
         return [count(f) for f in files]
-    with ProcessPoolExecutor(workers, initializer=start_pool_worker, initargs=(os.getpid(),)) as pool:
+    with second_interrupt_kills_workers("the page count"), \
+            ProcessPoolExecutor(workers, initializer=start_pool_worker, initargs=(os.getpid(),)) as pool:
         return list(pool.map(count, files, chunksize=16))
 
 

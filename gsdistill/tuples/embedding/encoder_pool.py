@@ -20,7 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from gsdistill.tuples.worker_guard import exit_with_parent
+from gsdistill.tuples.worker_guard import (exit_with_parent, ignore_interrupts, interrupts_ignored_while_starting,
+                                           second_interrupt_kills_workers)
 
 _worker_encoder = None  # the encoder of a worker process, built once by its initializer
 _worker_error: Exception | None = None  # why it could not be built: raised by the worker's first task
@@ -43,6 +44,7 @@ def _start_worker(make_encoder: Callable, name: str, threads: int, precision: st
     # a thread, not the kernel's death signal: multiprocessing.Pool starts replacement workers from
     # a handler thread that ends before they do (see worker_guard)
     exit_with_parent(parent_pid, kernel_signal=False)
+    ignore_interrupts()  # Ctrl-C is the owner's to handle (worker_guard)
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")  # read when oneDNN first runs: not yet
     import torch
     global _worker_encoder, _worker_error
@@ -91,12 +93,17 @@ class EncoderPool:
             # spawn, not fork: a parent that already ran torch (pretraining, the demo) would hand a
             # forked child a broken OpenMP pool
             ctx = multiprocessing.get_context("spawn")
-            self._pool = ctx.Pool(self.workers, initializer=_start_worker, maxtasksperchild=PIECES_PER_WORKER,
-                                  initargs=(make_encoder, name, int(threads), precision, os.getpid()))
+            self._interrupts = second_interrupt_kills_workers("the text encoding")
+            self._interrupts.__enter__()  # left in close(): while the pool lives, a second Ctrl-C kills it
+            with interrupts_ignored_while_starting():
+                self._pool = ctx.Pool(self.workers, initializer=_start_worker, maxtasksperchild=PIECES_PER_WORKER,
+                                      initargs=(make_encoder, name, int(threads), precision, os.getpid()))
             try:
                 self.dim = int(self._pool.apply(_worker_dim))
             except BaseException:
                 self._pool.terminate()
+                self._pool = None
+                self._interrupts.__exit__(None, None, None)
                 raise
         else:
             self._encoder = make_encoder(name, device=device, precision=precision)
@@ -122,6 +129,7 @@ class EncoderPool:
             self._pool.close()
             self._pool.join()
             self._pool = None
+            self._interrupts.__exit__(None, None, None)
 
     def __enter__(self) -> "EncoderPool":
         return self

@@ -16,16 +16,24 @@ PNG pays for its per-row filters and Deflate's bit-level Huffman decoding; Zstan
 decodes bytes at a time, and the long runs of paper white that PNG's filters make small compress as
 well under Zstandard's matcher. ``png`` stays for shards other tools read as images; ``jpg`` is lossy.
 
-Readers tell the formats apart by their first bytes (:func:`image_kind`), so a folder may mix shards
-written before and after a change of ``build.image_format``.
+Readers tell the formats apart by their first bytes (:func:`image_kind`), never by the member's name, so a
+folder may mix shards written before and after a change of ``build.image_format``, and shards of older
+builds that stored PNG bytes under ``.zst`` names (a build without ``zstandard``) still read. Without a
+working ``zstandard`` (missing, or broken: its ``libzstd`` absent) a build stores ``png`` members
+(said in one line), and a ``zst`` page is refused as needing the package, never called damaged.
 """
 from __future__ import annotations
 
 import io
-import warnings
+import logging
+import sys
 
 import numpy as np
 from PIL import Image
+
+from gsdistill.errors import GsdistillError
+
+log = logging.getLogger("gsdistill.tuples")
 
 FORMATS = ("zst", "png", "jpg")
 ZSTD_LEVEL = 3  # level 9 saves 10-15 % more bytes at 4x the write time; reads are as fast
@@ -36,36 +44,73 @@ class DamagedImage(ValueError):
     """The bytes are not a readable page image of their format (the message says why)."""
 
 
+class ZstdUnavailable(GsdistillError, RuntimeError):
+    """A ``zst`` page image met where ``zstandard`` is missing or broken: the shard is intact, this
+    machine lacks the decoder (the message names the package and the fix)."""
+
+
+_NOT_PROBED = object()
+_zstd_state: list = [_NOT_PROBED, None, None]  # [sys.modules entry probed, module or None, why unusable]
+_warned_png = False  # the PNG fallback is said once per process (forked build workers inherit this)
+
+
 def _zstd():
-    """The ``zstandard`` module (a dependency; an image lacking it, such as the offline GPU machines',
-    still writes PNG and reads PNG/JPEG shards)."""
+    """The ``zstandard`` module, or None where it is missing or broken (a dependency; an image lacking
+    it, such as the offline GPU machines', still writes PNG and reads PNG/JPEG shards). Broken: the
+    import or its first use fails (``ImportError`` / ``OSError`` of a missing ``libzstd.so``, ...).
+    Probed once per ``sys.modules`` entry (a replaced entry is probed again)."""
+    entry = sys.modules.get("zstandard")
+    if _zstd_state[0] is entry:
+        return _zstd_state[1]
     try:
         import zstandard
+        zstandard.ZstdDecompressor().decompress(zstandard.ZstdCompressor(write_checksum=True).compress(b"ok"))
+        module, why = zstandard, None
     except ModuleNotFoundError:
-        return None
-    return zstandard
+        module, why = None, "zstandard is not installed"
+    except Exception as e:  # ImportError, OSError, AttributeError of a half-installed package
+        reason = " ".join(str(e).split())
+        module, why = None, f"zstandard is installed but broken ({type(e).__name__}{': ' + reason if reason else ''})"
+    _zstd_state[:] = [sys.modules.get("zstandard"), module, why]
+    return module
+
+
+def zstd_problem() -> str | None:
+    """Why ``zst`` pages cannot be written or read here, in words; None when they can."""
+    return None if _zstd() is not None else _zstd_state[2]
 
 
 def _zstd_or_raise():
     if (zstd := _zstd()) is None:
-        raise DamagedImage("a zst page image needs the zstandard package: pip install zstandard "
-                           "(or rebuild the shards with build.image_format=png)")
+        raise ZstdUnavailable(f"a zst page image needs the zstandard package, but {zstd_problem()}: "
+                              "pip install zstandard (or rebuild the shards with build.image_format=png)")
     return zstd
 
 
+def stored_format(fmt: str) -> str:
+    """The format pages asked to be ``fmt`` are stored in here: ``png`` for ``zst`` without a working
+    ``zstandard`` (said once per process, one line), else ``fmt``."""
+    global _warned_png
+    if fmt != "zst" or _zstd() is not None:
+        return fmt
+    if not _warned_png:
+        _warned_png = True
+        log.warning("%s: page images stored as PNG under .png names (lossless, 5-7x slower to read); "
+                    "pip install zstandard", zstd_problem())
+    return "png"
+
+
 def encode_image(image: Image.Image, fmt: str, jpeg_quality: int = 90) -> bytes:
-    """The stored bytes of a page image (``fmt`` one of :data:`FORMATS`)."""
+    """The stored bytes of a page image (``fmt`` one of :data:`FORMATS`; ``zst`` without a working
+    ``zstandard`` gives PNG: name the member by :func:`image_kind` of the bytes, never by ``fmt``)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"image_format must be one of {' | '.join(FORMATS)}, got {fmt!r}")
+    fmt = stored_format(fmt)
     rgb = image.convert("RGB")
-    if fmt == "zst" and _zstd() is None:  # lossless either way; readers tell formats apart by their bytes
-        warnings.warn("zstandard is not installed: page images stored as PNG (5-7x slower to read); "
-                      "pip install zstandard", stacklevel=2)
-        fmt = "png"
     if fmt == "zst":
         buf = io.BytesIO()
         np.save(buf, np.asarray(rgb), allow_pickle=False)
         return _zstd_or_raise().ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True).compress(buf.getvalue())
-    if fmt not in ("png", "jpg"):
-        raise ValueError(f"image_format must be one of {' | '.join(FORMATS)}, got {fmt!r}")
     buf = io.BytesIO()
     if fmt == "png":
         rgb.save(buf, format="PNG", compress_level=1)  # fast: shards are written often, read more

@@ -30,7 +30,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from gsdistill.errors import corrupt
 from gsdistill.tuples.errors import DataError
-from gsdistill.tuples.store.image_codec import FORMATS, decode_zst
+from gsdistill.tuples.store.image_codec import FORMATS, ZstdUnavailable, decode_zst, image_kind
 from gsdistill.tuples.store.split import ShardPart, batches_before, reader_page_count, reader_parts
 from gsdistill.tuples.store.writer import FORMAT, MANIFEST, page_json, sample_key, write_shards
 
@@ -111,18 +111,24 @@ def shard_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _checked_image(img: bytes, ext: str, where: str) -> Image.Image:
-    """The page image after a check of its bytes: ``zst`` decoded at once (its frame checksum), a PNG
-    opened lazily (pixels decoded on first use) after its chunk checksums, a JPEG (no checksums) decoded."""
+def _checked_image(img: bytes, where: str) -> Image.Image:
+    """The page image after a check of its bytes, its format told by its first bytes (never by the
+    member's name: builds without ``zstandard`` once stored PNG bytes under ``.zst`` names): ``zst``
+    decoded at once (its frame checksum), a PNG opened lazily (pixels decoded on first use) after its
+    chunk checksums, a JPEG (no checksums) decoded. A ``zst`` page where ``zstandard`` is missing or
+    broken is refused as such, not as damaged."""
+    kind = image_kind(img)
     try:
-        if ext == "zst":
+        if kind == "zst":
             return Image.fromarray(decode_zst(img))
-        if ext == "png":
+        if kind == "png":
             Image.open(io.BytesIO(img)).verify()
             return Image.open(io.BytesIO(img))
         image = Image.open(io.BytesIO(img))
         image.load()
         return image
+    except ZstdUnavailable as e:
+        raise DataError(f"{where}: {e}") from None
     except Exception as e:  # DamagedImage, OSError, SyntaxError ("broken PNG file"), DecompressionBombError, ...
         raise DataError(f"{where}: damaged page image ({type(e).__name__}: {e}); {REBUILD_SHARD}") from None
 
@@ -141,7 +147,7 @@ def decode_sample(key: str, parts: dict[str, bytes], source: str, decode_images:
     img = parts.get(ext)
     if img is None:
         raise DataError(f"{source}: sample {key!r} has no image member")
-    page["image"] = _checked_image(img, ext, f"{source}: member {key}.{ext}") if decode_images else img
+    page["image"] = _checked_image(img, f"{source}: member {key}.{ext}") if decode_images else img
     page["_key"] = key
     return page
 

@@ -9,6 +9,7 @@ renamed from ``.tmp`` when closed, also when the page iterator fails half-way.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -21,7 +22,7 @@ from typing import Iterable
 from tqdm import tqdm
 
 from gsdistill.tuples.errors import SkipLog, reason_key
-from gsdistill.tuples.store.image_codec import FORMATS, encode_image
+from gsdistill.tuples.store.image_codec import FORMATS, encode_image, image_kind, stored_format
 
 FORMAT = "gsdistill-shards/1"
 MANIFEST = "manifest.json"
@@ -34,6 +35,15 @@ def sample_key(page_id: str) -> str:
     character than ``A-Za-z0-9-`` (``_`` included) becomes ``_`` + its UTF-8 bytes in hex, which
     is injective: ``report/v1`` -> ``report_2fv1``, ``report_v1`` -> ``report_5fv1``."""
     return _UNSAFE.sub(lambda m: "".join(f"_{b:02x}" for b in m.group().encode("utf-8")), str(page_id))
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes (a shard's, recorded in the manifest: what a resume compares)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -65,8 +75,10 @@ def accept_page(page: dict, seen: set[str], skips: SkipLog) -> str | None:
 
 
 def page_members(page: dict, key: str, image_format: str, jpeg_quality: int) -> list[tuple[str, bytes]]:
-    """The two tar members of one page: encoded image, then its json."""
-    return [(image_format, encode_image(page["image"], image_format, jpeg_quality)),
+    """The two tar members of one page: encoded image (named by what its bytes are: ``png`` for a
+    ``zst`` build without a working ``zstandard``), then its json."""
+    image = encode_image(page["image"], image_format, jpeg_quality)
+    return [(image_kind(image), image),
             ("json", json.dumps(page_json(page), ensure_ascii=False).encode())]
 
 
@@ -75,6 +87,9 @@ class PageStats:
 
     def __init__(self):
         self.classes, self.pages_with, self.sources = Counter(), Counter(), Counter()
+        # pages per count of spans / boxes on a page ({"40": 3}: 3 pages hold 40): what a bound such as
+        # views.max_spans cuts is known at a run's start without reading the shards
+        self.span_counts, self.box_counts = Counter(), Counter()
         self.docs: set[str] = set()
         self.spans = 0
 
@@ -85,6 +100,8 @@ class PageStats:
         self.sources[page.get("source", "?")] += 1
         self.docs.add(str(page.get("doc_id", page.get("id"))))
         self.spans += len(page["spans"])
+        self.span_counts[str(len(page["spans"]))] += 1
+        self.box_counts[str(len(cats))] += 1
 
     def merge(self, summary: dict) -> None:
         """Add the counts of another ``summary()`` (a build unit's record)."""
@@ -93,12 +110,16 @@ class PageStats:
         self.sources.update(summary["sources"])
         self.docs.update(summary["doc_ids"])
         self.spans += summary["spans"]
+        self.span_counts.update(summary.get("pages_by_span_count", {}))
+        self.box_counts.update(summary.get("pages_by_box_count", {}))
 
     def summary(self) -> dict:
         # sorted: the same manifest bytes whatever order pages (and set iteration) came in
         return {"boxes_per_class": dict(sorted(self.classes.items())),
                 "pages_with_class": dict(sorted(self.pages_with.items())),
-                "sources": dict(sorted(self.sources.items())), "doc_ids": sorted(self.docs), "spans": self.spans}
+                "sources": dict(sorted(self.sources.items())), "doc_ids": sorted(self.docs), "spans": self.spans,
+                "pages_by_span_count": dict(sorted(self.span_counts.items(), key=lambda kv: int(kv[0]))),
+                "pages_by_box_count": dict(sorted(self.box_counts.items(), key=lambda kv: int(kv[0])))}
 
 
 def assemble_manifest(shards: list[dict], summary: dict, skipped: list[dict]) -> dict:
@@ -107,6 +128,7 @@ def assemble_manifest(shards: list[dict], summary: dict, skipped: list[dict]) ->
             "pages": sum(s["pages"] for s in shards), "documents": len(summary["doc_ids"]), "spans": summary["spans"],
             "shards": shards, "boxes_per_class": summary["boxes_per_class"],
             "pages_with_class": summary["pages_with_class"], "sources": summary["sources"],
+            "pages_by_span_count": summary["pages_by_span_count"], "pages_by_box_count": summary["pages_by_box_count"],
             "skipped_count": len(skipped), "skip_reasons": dict(Counter(reason_key(s["reason"]) for s in skipped)),
             "skipped": skipped}
 
@@ -131,7 +153,9 @@ class _ShardFiles:
     def close(self) -> None:
         if self.tar is not None:
             self.tar.close()
-            (self.out / (self.shards[-1]["name"] + ".tmp")).replace(self.out / self.shards[-1]["name"])
+            shard = self.out / self.shards[-1]["name"]
+            (self.out / (shard.name + ".tmp")).replace(shard)
+            self.shards[-1].update(bytes=shard.stat().st_size, sha256=file_sha256(shard))
             self.tar = None
 
 
@@ -146,6 +170,7 @@ def write_shards(pages: Iterable[dict], out_dir: str | Path, pages_per_shard: in
     if image_format not in FORMATS:
         raise ValueError(f"image_format must be one of {' | '.join(FORMATS)}, got {image_format!r}")
     out = Path(out_dir)
+    stored_format(image_format)  # one line, before the first page, where zst falls back to png
     out.mkdir(parents=True, exist_ok=True)
     for old in [*out.glob("shard-*.tar"), *out.glob("shard-*.tar.tmp")]:
         old.unlink()
