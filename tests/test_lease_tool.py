@@ -15,6 +15,9 @@ import numpy as np
 from tool_loader import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
+# what the offline GPU image lacks and no carried archive brings (../shared/gpu/README.md): the rehearsal makes
+# importing them fail, as it fails there, so a top-level import on the lease's path shows here
+ABSENT_ON_THE_GPU = ("pymupdf", "fitz", "pytesseract", "faiss", "bm25s", "pytrec_eval", "ray")
 
 
 def synthetic_split(root: Path) -> Path:
@@ -83,10 +86,14 @@ def test_the_lease_rehearses_every_part_on_the_cpu(tmp_path):
     bundle.parent.mkdir()
     lease_pages.pack_bundle(built, bundle)
     (bundle.parent / "pages.json").write_text(json.dumps({"text_height_px": prep.text_heights(built, 72)}))
+    absent = tmp_path / "absent"
+    absent.mkdir()
+    for name in ABSENT_ON_THE_GPU:
+        (absent / f"{name}.py").write_text('raise ImportError("absent on the offline GPU machine")\n')
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu" / "lease.py"), "--cpu", "--out", str(out),
                           "--bundle", str(bundle)], capture_output=True, text=True, cwd=ROOT, timeout=3600,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                         env={**os.environ, "PYTHONPATH": f"{absent}{os.pathsep}{ROOT}", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                               "YOLO_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     report = (out / "lease.md").read_text() if (out / "lease.md").is_file() else run.stdout
     assert run.returncode == 0, (report + run.stderr)[-3000:]

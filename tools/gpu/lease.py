@@ -70,12 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default="AB", help="which parts, in order: A, B or AB")
     ap.add_argument("--engine-budget", type=float, default=None, help="seconds for part A (default 210; --cpu: 1800)")
     ap.add_argument("--science-budget", type=float, default=None, help="seconds for part B (default 360; --cpu: 1800)")
+    ap.add_argument("--deadline", type=float, default=580.0,
+                    help="seconds after the start by which part B ends (its budget shrinks when part A ran over; "
+                         "a device command may run 600 s)")
     ap.add_argument("--science-minutes", type=float, default=2.5, help="minutes of pretraining in part B")
     ap.add_argument("--science-steps", type=int, default=None,
                     help="pretraining steps in part B instead of the minutes (default with --cpu: 3)")
     ap.add_argument("--bundle", type=Path, default=ROOT / ".gpu" / "lease" / "pages.tar.xz",
                     help="the pages lease_prepare.py packed")
     args = ap.parse_args(argv)
+    began = time.time()
     if not args.parts or set(args.parts) - set("AB"):
         print(f"lease: --parts {args.parts!r}: give A, B or AB", file=sys.stderr)
         return 2
@@ -99,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     for part, budget in (("A", args.engine_budget or roomy or 210.0), ("B", args.science_budget or roomy or 360.0)):
         if part not in args.parts:
             continue
+        if part == "B" and not args.cpu:
+            budget = min(budget, args.deadline - (time.time() - began))
         name = "A. the engine" if part == "A" else "B. the science"
         report.part(name, budget=budget)
         start = time.time()

@@ -3,14 +3,14 @@
 In this order: DeepSpeed's CPU Adam built in the background (a JIT compile of ~55 s on that machine,
 done while the pages are made and the loop compiles); ``gpu_vit_s16``'s synthetic pages (8 workers x 128);
 the training loop at batch 128, compiled (the default scope and mode) with a cold inductor cache,
-``views.device=cuda``, every step logged and ``TORCH_LOGS=recompiles`` on; the augmentation's share of
-the step (``tools/bench/bench_views_render.py``); the torch engine eager at batch 64 and the default
-DeepSpeed config over the same steps; the other compile mode when the budget still holds a cold compile.
+``views.device=cuda``, every step logged and ``TORCH_LOGS=recompiles`` on; the torch engine eager at
+batch 64 and the default DeepSpeed config over the same steps; the augmentation's share of the step
+(``tools/bench/bench_views_render.py``); the other compile mode when the budget still holds a cold compile.
+Every run is a process with the part's remaining seconds as its timeout.
 Each target of issues 56-58 that the sitting can measure gets a met/missed row.
 """
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
@@ -19,13 +19,15 @@ from argparse import Namespace
 from pathlib import Path
 
 from gpu_check import QUIET, TINY, _median, bf16_peak, flops_per_page, launch
-from views_check import loop_run, percentile
+from views_check import child_env, loop_run, percentile
 
 ROOT = Path(__file__).resolve().parents[2]
 PART = "A. the engine"
 EXPERIMENT = "gpu_vit_s16"
 CPU_ADAM = "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
 FAST = 1.5  # a step within 1.5x the median is a fast one (issue 57's measure of the first fast step)
+LOOP_HEAD = ["| run | steps timed | median ms | p90 ms | max x median | data wait ms | share of bf16 peak | recompiles | "
+             "first fast step | wall s | exit |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
 
 
 def sizes(cpu: bool) -> dict:
@@ -35,7 +37,7 @@ def sizes(cpu: bool) -> dict:
         return {"pages": 8, "batch": 4, "workers": 1, "steps": 6, "warmup": 2, "eager_batch": 2, "eager_steps": 4,
                 "overrides": [*TINY[:-1], "train.device=cpu", "train.precision=fp32"], "compile": "train.compile=false",
                 "views": "views.device=batched", "render": ["--recipe", "default", "--eager", "--batch", "4"]}
-    return {"pages": 1024, "batch": 128, "workers": 8, "steps": 200, "warmup": 30, "eager_batch": 64, "eager_steps": 30,
+    return {"pages": 1024, "batch": 128, "workers": 8, "steps": 160, "warmup": 30, "eager_batch": 64, "eager_steps": 25,
             "overrides": [], "compile": "train.compile=true", "views": "views.device=cuda",
             "render": ["--batch", "128"]}
 
@@ -76,7 +78,7 @@ def compiled_loop(report, out: Path, shards: Path, s: dict, flops: float, peak: 
     return got
 
 
-def engine_runs(s: dict, shards: Path, out: Path, timeout: float, device: str) -> dict:
+def engine_runs(s: dict, shards: Path, out: Path, left, device: str) -> dict:
     """The torch engine eager and the default DeepSpeed config, the same batches and steps."""
     common = [*s["overrides"], f"data.shards={shards}", f"optim.steps={s['eager_steps']}", "optim.warmup_steps=2",
               f"optim.batch_size={s['eager_batch']}", f"data.num_workers={s['workers']}", "train.compile=false",
@@ -85,7 +87,7 @@ def engine_runs(s: dict, shards: Path, out: Path, timeout: float, device: str) -
     runs = {}
     for engine in ("torch", "deepspeed"):
         runs[engine] = launch(python, EXPERIMENT, [*common, f"train.engine={engine}"], out / f"eager_{engine}",
-                              out / f"eager_{engine}.log")
+                              out / f"eager_{engine}.log", timeout=left())
     return runs
 
 
@@ -97,7 +99,7 @@ def engine_part(report, out: Path, cpu: bool, budget: float) -> dict:
     start, s = time.time(), sizes(cpu)
     left = lambda: max(5.0, start + budget - time.time())  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     build = None if cpu else subprocess.Popen([sys.executable, "-c", CPU_ADAM], cwd=ROOT, env=env,
                                               stdout=subprocess.DEVNULL, stderr=open(out / "cpu_adam.log", "w"))
     data = load_config("pretrain", EXPERIMENT, [f"data.synthetic_pages={s['pages']}", "train.progress=false",
@@ -106,12 +108,10 @@ def engine_part(report, out: Path, cpu: bool, budget: float) -> dict:
     flops = flops_per_page(EXPERIMENT, s["overrides"])
     peak, peak_source = bf16_peak(cpu)
     report.part(PART, [f"{s['pages']} synthetic pages of `{EXPERIMENT}` built and embedded at {time.time() - start:.0f} s; "
-                       f"{flops / 1e9:.1f} GFLOP a page (forward + backward, counted); bf16 peak {peak / 1e12:.0f} "
+                       f"{flops / 1e9:.1f} GFLOP a page (forward + backward, counted); bf16 peak {peak / 1e12:.3g} "
                        f"TFLOP/s ({peak_source}).", "",
                        f"The loop: batch {s['batch']}, {s['workers']} workers, {s['steps']} steps, timed after step "
-                       f"{s['warmup']}, `{s['compile']}`, `{s['views']}`, a cold inductor cache:", "",
-                       "| run | steps timed | median ms | p90 ms | max x median | data wait ms | share of bf16 peak | "
-                       "recompiles | first fast step | wall s | exit |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"],
+                       f"{s['warmup']}, `{s['compile']}`, `{s['views']}`, a cold inductor cache:", "", *LOOP_HEAD],
                 {"flops_per_page": flops, "peak": peak})
     loop = compiled_loop(report, out, shards, s, flops, peak, "compiled_default", [], left())
     if loop.get("rows", 1):
@@ -126,22 +126,12 @@ def engine_part(report, out: Path, cpu: bool, budget: float) -> dict:
     report.target("median step <= 1.05x the bare step, p90 <= 1.2x", "the bare step needs a compile of its own: "
                   "`tools/gpu/views_check.py`", None)
 
-    step_ms = 1e3 * loop.get("median_s", 0.093)
-    render = [sys.executable, str(ROOT / "tools" / "bench" / "bench_views_render.py"), "--device", "cpu" if cpu else "cuda",
-              "--step-ms", f"{step_ms:.1f}", *s["render"]]
-    try:
-        done = subprocess.run(render, capture_output=True, text=True, cwd=ROOT, env=env, timeout=min(90, left()))
-        report.part(PART, ["", "The augmentation made on the device, alone (`tools/bench/bench_views_render.py`):", "",
-                           *[f"    {line}" for line in (done.stdout + done.stderr).strip().splitlines()[-3:]]])
-    except subprocess.TimeoutExpired:
-        report.part(PART, ["", "The augmentation alone: abandoned at the part's budget."])
-
     if build is not None:  # (the CPU rehearsal finds it in TORCH_EXTENSIONS_DIR, as tests/test_gpu_engines.py does)
         try:
             build.wait(timeout=left())
         except subprocess.TimeoutExpired:  # DeepSpeed's run then builds it itself, inside its first step
             build.kill()
-    runs = engine_runs(s, shards, out, left(), "cpu" if cpu else "cuda")
+    runs = engine_runs(s, shards, out, left, "cpu" if cpu else "cuda")
     got = {}
     lines = ["", f"Eager, batch {s['eager_batch']}, {s['eager_steps']} steps, the same batches (median after step 1):", "",
              "| engine | exit | median step s | pages/s | data wait ms |", "|---|---|---:|---:|---:|"]
@@ -158,8 +148,18 @@ def engine_part(report, out: Path, cpu: bool, budget: float) -> dict:
     if len(got) == 2:
         report.target("DeepSpeed default <= 1.3x the torch step", f"{got['deepspeed'] / got['torch']:.2f}x",
                       got["deepspeed"] <= 1.3 * got["torch"])
+    step_ms = 1e3 * loop.get("median_s", 0.093)
+    render = [sys.executable, str(ROOT / "tools" / "bench" / "bench_views_render.py"), "--device", "cpu" if cpu else "cuda",
+              "--step-ms", f"{step_ms:.1f}", *s["render"]]
+    try:
+        done = subprocess.run(render, capture_output=True, text=True, cwd=ROOT, env=env, timeout=left())
+        report.part(PART, ["", "The augmentation made on the device, alone (`tools/bench/bench_views_render.py`):", "",
+                           *[f"    {line}" for line in (done.stdout + done.stderr).strip().splitlines()[-3:]]])
+    except subprocess.TimeoutExpired:
+        report.part(PART, ["", "The augmentation alone: abandoned at the part's budget."])
+
     if loop.get("wall_s") and left() > loop["wall_s"] + 10:
-        report.part(PART, ["", "The other compile mode (`train.compile_mode=reduce-overhead`, CUDA graphs):", ""])
+        report.part(PART, ["", "The other compile mode (`train.compile_mode=reduce-overhead`, CUDA graphs):", "", *LOOP_HEAD])
         compiled_loop(report, out, shards, s, flops, peak, "compiled_reduce_overhead",
                       ["train.compile_mode=reduce-overhead"], left())
     else:
