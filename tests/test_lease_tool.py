@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tool_loader import load_tool
 
@@ -78,6 +79,7 @@ def test_what_travels_counts_tracked_untracked_and_carried_files_not_ignored_one
     assert prep.check_travel(repo, [".gpu"], budget_mib=0.0005, margin_mib=0) == 2
 
 
+@pytest.mark.timeout(1800)  # ~12 processes that each import torch: minutes on a shared 2-core machine
 def test_the_lease_rehearses_every_part_on_the_cpu(tmp_path):
     """A and B end to end at toy size: every target of the sitting gets a row, every stage its numbers."""
     prep, lease_pages = load_tool("gpu/lease_prepare.py"), load_tool("gpu/lease_pages.py")

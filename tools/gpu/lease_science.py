@@ -147,13 +147,15 @@ def science_part(report, out: Path, cpu: bool, budget: float, bundle: Path, minu
     meta = json.loads((bundle.parent / "pages.json").read_text()) if (bundle.parent / "pages.json").is_file() else {}
     size = str(int(pretrain_config(recipe(False), train_dir).views.global_size))  # the recipe's, in a rehearsal too
     heights = meta.get("text_height_px", {}).get(size, {})
+    plan = (f"{steps} steps (given)" if steps else
+            f"{max(2, int(minutes * 60 / step_s))} steps = {minutes:g} minutes at a planned {step_s:.3f} s a step")
     steps = steps or max(2, int(minutes * 60 / step_s))
     shown = ", ".join(f"{k} {v:.1f}" for k, v in heights.items()) or "not measured"
     report.part(PART, [f"Pages: {pages['train']} pretraining, {pages['eval']} held-out (other documents), written as "
                        f"`{codec}`, embedded at {time.time() - start:.0f} s. Text in the recipe's {size} px global view "
                        f"(median one-line heights, view px, measured where the pages were built): {shown}.", "",
-                       f"Pretraining (`configs/demo/{RECIPE}.yaml`): {steps} steps = {minutes:g} minutes at a planned "
-                       f"{step_s:.3f} s a step; the heads-only control beside it on the same device:", "",
+                       f"Pretraining (`configs/demo/{RECIPE}.yaml`): {plan}; the heads-only control beside it on the "
+                       "same device:", "",
                        "| run | exit | steps | median step s | page-views/min | peak GiB | total loss first -> last |",
                        "|---|---|---:|---:|---:|---:|---|"], {"pages": pages, "codec": codec, "steps": steps})
     runs = {"pretrain": out / "pretrain", "control": out / "control"}
