@@ -94,7 +94,7 @@ def test_the_lease_rehearses_every_part_on_the_cpu(tmp_path):
         (absent / f"{name}.py").write_text('raise ImportError("absent on the offline GPU machine")\n')
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu" / "lease.py"), "--cpu", "--out", str(out),
-                          "--bundle", str(bundle)], capture_output=True, text=True, cwd=ROOT, timeout=3600,
+                          "--work", str(tmp_path / "work"), "--bundle", str(bundle)], capture_output=True, text=True, cwd=ROOT, timeout=3600,
                          env={**os.environ, "PYTHONPATH": f"{absent}{os.pathsep}{ROOT}", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                               "YOLO_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     report = (out / "lease.md").read_text() if (out / "lease.md").is_file() else run.stdout
@@ -115,4 +115,6 @@ def test_the_lease_rehearses_every_part_on_the_cpu(tmp_path):
                  "head-only >= the stock YOLOv10n (held-out)"):
         assert targets[what]["met"] in (True, False), what
     assert re.search(r"\| semantic retrieval from 5 crops >= 3x chance .*\| \*\*(met|missed)\*\* \|", report)
+    assert (out / "logs" / "science" / "pretrain.log").is_file()  # the logs come back; the runs stay in --work
+    assert not (out / "science").exists()
     assert re.search(r"Text in the recipe's 512 px global view .*: Title [\d.]+", report)

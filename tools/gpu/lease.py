@@ -63,9 +63,22 @@ def missing(cpu: bool, out: Path, bundle: Path, parts: str) -> list[str]:
     return lacks
 
 
+def keep_logs(work: Path, out: Path) -> None:
+    """Every log and metrics file of the work folder copied under ``out`` (small; what comes back)."""
+    if work == out:
+        return
+    for f in [*work.rglob("*.log"), *work.rglob("metrics.csv")]:
+        dst = out / "logs" / f.relative_to(work)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dst)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "runs" / "lease"))
+    ap.add_argument("--work", type=Path, default=None,
+                    help="where the pages, runs and checkpoints go (default /tmp/gsdistill_lease; --cpu: --out): "
+                         "gigabytes, kept off --out, which comes back from the device; the logs and metrics are copied there")
     ap.add_argument("--cpu", action="store_true", help="every part at toy size on the CPU (the rehearsal)")
     ap.add_argument("--parts", default="AB", help="which parts, in order: A, B or AB")
     ap.add_argument("--engine-budget", type=float, default=None, help="seconds for part A (default 210; --cpu: 1800)")
@@ -84,10 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lease: --parts {args.parts!r}: give A, B or AB", file=sys.stderr)
         return 2
     out = args.out.resolve()
-    lacks = missing(args.cpu, out, args.bundle, args.parts)
+    work = (args.work or (out if args.cpu else Path("/tmp/gsdistill_lease"))).resolve()
+    lacks = missing(args.cpu, work, args.bundle, args.parts)
     if lacks:
         print(f"lease: missing: {'; '.join(lacks)}", file=sys.stderr)
         return 2
+    out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCH_LOGS", "recompiles")  # the loop's log says each recompile (part A counts them)
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
     import torch
@@ -110,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         start = time.time()
         try:
             if part == "A":
-                eager_step = engine_part(report, out / "engine", args.cpu, budget)["eager_step_s"]
+                eager_step = engine_part(report, work / "engine", args.cpu, budget)["eager_step_s"]
             else:  # the planned step, or part A's eager step where that was slower
                 step_s = max(PLANNED_STEP_S, eager_step or 0.0)
-                science_part(report, out / "science", args.cpu, budget, args.bundle.resolve(), args.science_minutes,
+                science_part(report, work / "science", args.cpu, budget, args.bundle.resolve(), args.science_minutes,
                              step_s, args.science_steps or (3 if args.cpu else None))
             report.part(name, seconds=time.time() - start, state="")
         except Exception as e:  # the next part still runs: its minutes are worth as much
@@ -121,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             (out / f"part_{part}_error.txt").write_text(traceback.format_exc())
             report.part(name, seconds=time.time() - start,
                         state=f"failed: {type(e).__name__}: {str(e)[:300]} (part_{part}_error.txt)")
+        finally:
+            keep_logs(work, out)
     print(report.md_path.read_text())
     return 1 if failed else 0
 
