@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCH_LOGS", "recompiles")  # the loop's log says each recompile (part A counts them)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # part B's two runs share one GPU
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
     import torch
 
