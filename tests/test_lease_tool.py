@@ -118,3 +118,16 @@ def test_the_lease_rehearses_every_part_on_the_cpu(tmp_path):
     assert (out / "logs" / "science" / "pretrain.log").is_file()  # the logs come back; the runs stay in --work
     assert not (out / "science").exists()
     assert re.search(r"Text in the recipe's 512 px global view .*: Title [\d.]+", report)
+
+
+def test_the_lease_names_what_it_lacks_in_one_line_before_any_work(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu" / "lease.py"), "--cpu", "--parts", "B",
+                          "--out", str(tmp_path / "out"), "--bundle", str(tmp_path / "nowhere.tar.xz")],
+                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1] == (f"lease: missing: the carried pages {tmp_path / 'nowhere.tar.xz'} "
+                                                   "(run tools/gpu/lease_prepare.py here, carry .gpu)")
+    assert not (tmp_path / "out" / "lease.md").exists()
+    bad = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu" / "lease.py"), "--parts", "C"],
+                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (bad.returncode, bad.stderr.strip()) == (2, "lease: --parts 'C': give A, B or AB")
