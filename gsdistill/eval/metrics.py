@@ -37,8 +37,6 @@ import math
 import re
 from typing import Iterable, Mapping
 
-import pytrec_eval
-
 DEFAULT_MEASURES = ("MRR@10", "R@20", "R@100", "R@1000", "nDCG@10", "Acc@20", "Acc@100")
 _MEASURE = re.compile(r"^(MRR|R|P|nDCG|Acc)(?:@(\d+))?$")
 
@@ -103,6 +101,8 @@ def _cut(run: Run, k: int) -> dict[str, dict[str, float]]:
 def evaluate_per_query(run: Run, qrels: Qrels, measures: Iterable[str] = DEFAULT_MEASURES,
                        min_relevance: float = 1) -> dict[str, dict[str, float]]:
     """``{qid: {measure: value}}`` for every qrels query with >= 1 doc of grade >= ``min_relevance``."""
+    import pytrec_eval  # here, not at the top: the offline GPU image lacks it, and head retrieval imports this module
+
     by_cut: dict[int | None, dict[str, str]] = {}  # run cutoff -> {our name: trec_eval name}
     for name in measures:
         kind, k = parse_measure(name)

@@ -18,7 +18,6 @@ from gsdistill.config import load_config
 from gsdistill.tuples.builder.driver import write_skips_csv
 from gsdistill.tuples.builder.inputs import _doc_id, file_sha256, input_files, per_file
 from gsdistill.tuples.errors import DataError, SkipLog
-from gsdistill.tuples.sources.pdf import pdf_pages
 from gsdistill.tuples.store.reader import read_manifest
 from gsdistill.tuples.store.writer import write_shards
 from gsdistill.eval.splits import split_shards
@@ -31,6 +30,8 @@ def _summary(m: dict) -> dict:
 
 
 def _pdf_page_stream(files: list[Path], root: Path, dpi: int, pages_per_pdf: int, skips: SkipLog, prefix: str = ""):
+    from gsdistill.tuples.sources.pdf import pdf_pages  # here: the demo's detect stage imports this module on GPU
+                                                         #   machines, which have no PDF reader (pymupdf)
     p = load_config("tuples", None, [f"pdf.dpi={dpi}"]).pdf
     return per_file(files, lambda f: pdf_pages(
         f, dpi=dpi, skips=skips, max_page_count=int(p.max_page_count), max_page_side_pt=float(p.max_page_side_pt),

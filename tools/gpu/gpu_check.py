@@ -109,16 +109,21 @@ def flops_per_page(experiment: str | None, overrides: list[str]) -> float:
     return counter.get_total_flops() / 2
 
 
-def launch(prefix: list[str], experiment: str | None, overrides: list[str], run_dir: Path, log: Path) -> dict:
-    """One ``gsdistill pretrain`` under ``prefix`` (python -m, torchrun, deepspeed); its metrics."""
+def launch(prefix: list[str], experiment: str | None, overrides: list[str], run_dir: Path, log: Path,
+           timeout: float | None = None) -> dict:
+    """One ``gsdistill pretrain`` under ``prefix`` (python -m, torchrun, deepspeed); its metrics (rc
+    ``"timeout"`` when it outlived ``timeout`` seconds: what it logged so far is kept)."""
     from gsdistill.pretrain.metrics_log import read_metrics
 
     cmd = [*prefix, "gsdistill.cli", "pretrain", *([experiment] if experiment else []), "--run-dir", str(run_dir),
            *overrides, *QUIET]
     with open(log, "w") as out:
-        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
     rows = read_metrics(run_dir / "metrics.csv") if (run_dir / "metrics.csv").is_file() else []
-    return {"rc": done.returncode, "rows": rows, "log": log}
+    return {"rc": rc, "rows": rows, "log": log}
 
 
 def cpu_limits() -> dict:

@@ -65,6 +65,13 @@ print(json.dumps(times))
 """
 
 
+def child_env() -> dict:
+    """The environment of a child process: this tree first on PYTHONPATH, what was there kept after it (on a
+    lent machine ``on_device.sh`` puts the carried packages, ``/tmp/site``, there: dropping it drops them)."""
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *kept])}
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))]
@@ -83,7 +90,7 @@ class Report:
 def bare_step(shards: Path, args, extra: list[str]) -> list[float]:
     run = subprocess.run([sys.executable, "-c", BARE, str(shards), str(args.batch), str(args.bare_steps), args.device,
                           *extra], capture_output=True, text=True, cwd=ROOT, timeout=args.part_timeout,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env=child_env())
     if run.returncode:
         raise RuntimeError(f"bare step failed: {run.stderr.strip()[-1500:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])[args.bare_warmup:]
@@ -102,7 +109,7 @@ def loop_run(name: str, shards: Path, args, extra: list[str]) -> tuple[list[dict
     with open(log, "w") as fh:
         try:
             rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, timeout=args.part_timeout,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode
+                                env=child_env()).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     tail = " / ".join(log.read_text().strip().splitlines()[-2:])[:300]
@@ -184,7 +191,7 @@ def main() -> None:
              (["--recipe", "default", "--eager"] if cpu else [])
     try:
         out = subprocess.run(render, capture_output=True, text=True, cwd=ROOT, timeout=args.part_timeout,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             env=child_env())
         report.say("\nthe render alone (tools/bench/bench_views_render.py):\n")
         report.say("\n".join(f"    {line}" for line in (out.stdout + out.stderr).strip().splitlines()[-4:]))
     except subprocess.TimeoutExpired:
