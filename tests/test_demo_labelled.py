@@ -156,3 +156,34 @@ def test_second_run_reuses_the_cached_ocr(labelled_demo):
     _, _, info = build_labelled_split(cfg2, root / "second", readers=1)
     assert info["labelled"]["ocr"]["cached"]
     assert info["labelled"]["classes"] and all(":" not in c for c in info["labelled"]["classes"])
+
+
+@pytest.mark.slow
+def test_labelled_demo_on_hand_labelled_scans(shared_data, tmp_path):
+    """The real set (GT4HistComment: 8 books of hand-labelled scans) at toy size: 2 pages of each book, held
+    out by whole books, its six coarse zones; tools/experiments/labelled_pages_bench.sh is the full run."""
+    if not tesseract_available():
+        pytest.skip("OCR needs the 'tesseract' program (apt install tesseract-ocr)")
+    src = shared_data / "gt4histcomment_layout"
+    if not (src / "coco.json").is_file():
+        pytest.skip(f"no GT4HistComment labelled pages at {src}")
+    coco = json.loads((src / "coco.json").read_text())
+    keep, per_book = [], {}
+    for im in coco["images"]:
+        if per_book.setdefault(im["source_book"], 0) < 2:
+            per_book[im["source_book"]] += 1
+            keep.append(im)
+    ids = {im["id"] for im in keep}
+    small = {**coco, "images": keep, "annotations": [a for a in coco["annotations"] if a["image_id"] in ids]}
+    (tmp_path / "coco.json").write_text(json.dumps(small))
+    pretrain = [*load_config("demo", "smoke").pretrain, "optim.batch_size=4"]
+    cfg = load_config("demo", "smoke", [*SMOKE, f"labelled.coco={tmp_path / 'coco.json'}", f"labelled.images={src / 'images'}",
+                                        "labelled.class_map=coarse", "labelled.min_class_boxes=1", "data.eval_fraction=0.3",
+                                        f"labelled.cache_dir={tmp_path / 'cache'}", f"out_dir={tmp_path / 'out'}",
+                                        f"pretrain=[{','.join(pretrain)}]"])
+    report = demo.run_demo(cfg).read_text()
+    lab = json.loads((tmp_path / "out" / "results.json").read_text())["data"]["labelled"]
+    assert lab["documents_by"] == "the images' `source_book` field" and len(lab["documents"]) == 8
+    assert len(lab["held_docs"]) == 2 and all(f"{d} (2 pages)" in report for d in lab["held_docs"])
+    assert set(lab["classes"]) <= {"NumberingZone", "MainZone", "RunningTitleZone", "MarginTextZone", "CustomZone",
+                                   "TitlePageZone"}
