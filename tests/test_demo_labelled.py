@@ -89,6 +89,19 @@ def test_class_maps_and_rare_classes():
     assert info["merged"]["MainZone"] == ["MainZone:commentary", "MainZone:primaryText"]
 
 
+def test_pages_are_downscaled_for_pretraining_with_their_boxes():
+    from PIL import Image
+
+    from gsdistill.pipelines.labelled_pages import downscaled
+    page = {"id": "p", "image": Image.new("RGB", (2000, 3000), "white"), "width": 2000, "height": 3000,
+            "spans": [{"text": "a", "bbox": [300.0, 600.0, 900.0, 1200.0], "category": "Text"}],
+            "boxes": [{"category": "Text", "bbox": [300.0, 600.0, 900.0, 1200.0]}]}
+    small = downscaled(page, 1000)
+    assert small["image"].size == (667, 1000) and (small["width"], small["height"]) == (667, 1000)
+    assert small["spans"][0]["bbox"] == pytest.approx([100, 200, 300, 400]) == small["boxes"][0]["bbox"]
+    assert page["spans"][0]["bbox"][0] == 300.0 and downscaled(page, None) is page
+
+
 def _texts_pretraining_reads(folder) -> str:
     """Every text pretraining can read of a shard folder: page records, manifests, the text cache's meta."""
     parts = []

@@ -2,7 +2,7 @@
 unlabelled scans, their boxes kept for the detection heads alone.
 
 1. The images are copied (never altered in place) at two sizes into a cache keyed by their bytes:
-   ``ocr_long_side`` for OCR and pretraining, ``detect_long_side`` for detection (Ultralytics would
+   ``ocr_long_side`` for OCR, ``detect_long_side`` for detection (Ultralytics would
    decode a 20-megapixel scan every epoch otherwise). Only downscaled: Tesseract is slower, not
    better, on an upscaled scan.
 2. The OCR copies are built into page tuples by the images builder (``--from images``, Tesseract in
@@ -11,7 +11,8 @@ unlabelled scans, their boxes kept for the detection heads alone.
    left. The builder reads the image files only: no box, category or field of the COCO file reaches a
    page tuple, its descriptors or its views.
 3. Whole documents (``labelled_input.documents``) are held out (``data.eval_fraction``); the pages of
-   each side are copied to ``data/train`` and ``data/eval`` with their document as ``doc_id``.
+   each side are copied to ``data/train`` and ``data/eval`` with their document as ``doc_id``, downscaled
+   to ``pretrain_long_side`` (boxes with them).
 4. The detection data: the same split's boxes, mapped to the target classes, converted by
    ``detect.coco_convert.convert_release`` (a DocLayNet-layout folder of two split files).
 """
@@ -113,8 +114,25 @@ def ocr_pages(cfg, images: list[dict], root: Path, workers: int) -> tuple[Path, 
                    "pages": manifest["pages"], "spans": manifest["spans"], "skipped": manifest["skipped_count"]}
 
 
-def write_side(pages_dir: Path, out: Path, doc_of_page: dict[str, str], docs: set[str], readers: int) -> dict:
-    """The pages of ``docs`` into ``out``, each with its document as ``doc_id`` (at least ``readers`` shards)."""
+def downscaled(page: dict, long_side: int | None) -> dict:
+    """The page with its image's long side at most ``long_side`` and every box scaled with it: OCR wants
+    ~300 dpi, a 112 px view of the whole page does not (a large image only costs each view's decode)."""
+    from PIL import Image
+
+    w, h = page["image"].size
+    s = min(1.0, long_side / max(w, h)) if long_side else 1.0
+    if s == 1.0:
+        return page
+    size = (round(w * s), round(h * s))
+    scale = lambda items: [{**it, "bbox": [v * s for v in it["bbox"]]} for it in items]  # noqa: E731
+    return {**page, "image": page["image"].resize(size, Image.Resampling.LANCZOS), "width": size[0], "height": size[1],
+            "spans": scale(page["spans"]), "boxes": scale(page.get("boxes") or [])}
+
+
+def write_side(pages_dir: Path, out: Path, doc_of_page: dict[str, str], docs: set[str], readers: int,
+               long_side: int | None = None) -> dict:
+    """The pages of ``docs`` into ``out``, each with its document as ``doc_id`` (at least ``readers`` shards),
+    downscaled to ``long_side``."""
     from gsdistill.tuples.store.reader import ShardDataset, read_manifest
     from gsdistill.tuples.store.writer import write_shards
 
@@ -124,7 +142,7 @@ def write_side(pages_dir: Path, out: Path, doc_of_page: dict[str, str], docs: se
         for page in ShardDataset(pages_dir):
             if doc_of_page.get(page["id"]) in docs:
                 page.pop("_key", None)
-                yield {**page, "doc_id": doc_of_page[page["id"]]}
+                yield downscaled({**page, "doc_id": doc_of_page[page["id"]]}, long_side)
 
     write_shards(side(), out, pages_per_shard=max(1, math.ceil(len(ids) / max(1, readers))), progress=False)
     m = read_manifest(out)
@@ -195,8 +213,9 @@ def build_labelled_split(cfg, out: Path, readers: int) -> tuple[Path, Path, dict
     make_copies(images, [(detect_copies, lab.detect_long_side)], workers)
     page_doc = {copy_name(im["name"]): doc_of[im["name"]] for im in images}
     train_dir, eval_dir = out / "data" / "train", out / "data" / "eval"
-    info = {"train": write_side(pages_dir, train_dir, page_doc, set(train_docs), readers),
-            "eval": write_side(pages_dir, eval_dir, page_doc, set(held_docs), 1)}
+    side = lab.pretrain_long_side
+    info = {"train": write_side(pages_dir, train_dir, page_doc, set(train_docs), readers, side),
+            "eval": write_side(pages_dir, eval_dir, page_doc, set(held_docs), 1, side)}
     by_document = len(held_docs) >= int(lab.bootstrap_min_docs)
     data_yaml = detect_data(images, doc_of, set(held_docs), mapping, classes, detect_copies, lab.detect_long_side,
                             out / "detect" / "labelled", by_document)
