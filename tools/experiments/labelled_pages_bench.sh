@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 64's proof on human labels: `gsdistill demo --coco` on GT4HistComment's 371 hand-labelled page scans of
 # 8 books (../shared/data/gt4histcomment_layout, SOURCE.md), the recipe configs/demo/labelled.yaml: OCR in Greek,
-# Fraktur and English (grc+frk+eng, scans at a long side of 1,600 px), 2 whole books held out, the six coarse zones (the part of each name before
-# ':'), head-only detection on the pretrained backbone vs its random twin vs a stock YOLOv10n, at 100 % and at 20 %
+# Fraktur and English (grc+frk+eng, scans at a long side of 1,600 px), 2 whole books held out, the six coarse
+# zones (the part of each name before ':'), head-only detection on the pretrained backbone vs its random twin vs a stock YOLOv10n, at 100 % and at 20 %
 # of the training pages. Report: runs/labelled_pages_bench/report.md; numbers in docs/detection.md
 # ("Human-labelled pages"). The OCR pass is cached (runs/labelled_cache): a second run starts at pretraining.
 #   COCO=FILE IMAGES=DIR  other labelled pages (default: the GT4HistComment set)
