@@ -94,7 +94,8 @@ def ocr_pages(cfg, images: list[dict], root: Path, workers: int) -> tuple[Path, 
     from gsdistill.tuples.store.reader import read_manifest
 
     lab = cfg.labelled
-    tcfg = load_config("tuples", None, [f"ocr.lang={lab.ocr_lang}"])
+    ocr_keys = [f"ocr.lang={lab.ocr_lang}", f"ocr.min_width={int(lab.ocr_min_width)}"]
+    tcfg = load_config("tuples", None, ocr_keys)
     settings = {"long_side": lab.ocr_long_side, **{k: tcfg.ocr[k] for k in ("lang", "psm", "min_conf", "min_width")}}
     folder = root / f"ocr-{_digest(json.dumps(settings, sort_keys=True))}"
     scans, pages = folder / "scans", folder / "pages"
@@ -104,8 +105,8 @@ def ocr_pages(cfg, images: list[dict], root: Path, workers: int) -> tuple[Path, 
     t0 = time.time()
     make_copies(images, [(scans, lab.ocr_long_side)], workers)
     per_unit = max(1, math.ceil(len(images) / (4 * workers)))  # small units: the workers stay busy to the end
-    tcfg = load_config("tuples", None, [f"ocr.lang={lab.ocr_lang}", f"build.workers={workers}",
-                                        f"build.pages_per_shard={per_unit}", "build.progress=false"])
+    tcfg = load_config("tuples", None, [*ocr_keys, f"build.workers={workers}", f"build.pages_per_shard={per_unit}",
+                                        "build.progress=false"])
     t1 = time.time()
     build_shards("images", scans, pages, tcfg)
     manifest = read_manifest(pages)

@@ -19,4 +19,4 @@ export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extension
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 YOLO_OFFLINE=1
 exec .venv/bin/python -m gsdistill.cli demo --coco "$COCO" --images "$IMAGES" --class-map coarse \
   --workers "${WORKERS:-2}" --out "${OUT:-runs/labelled_pages_bench}" \
-  labelled.ocr_lang=grc+frk+eng labelled.ocr_long_side=1600 labelled.cache_dir=runs/labelled_cache "$@"
+  labelled.ocr_lang=grc+frk+eng labelled.ocr_long_side=1600 labelled.ocr_min_width=900 labelled.cache_dir=runs/labelled_cache "$@"
