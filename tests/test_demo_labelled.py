@@ -76,6 +76,36 @@ def test_bad_labelled_input_is_one_line_exit_2(tmp_path, capsys, args, words):
     assert len(err) == 1 and words in err[0], err
 
 
+def test_a_doclaynet_release_joins_its_split_files_and_splits_by_doc_name(tmp_path):
+    from PIL import Image
+
+    from gsdistill.pipelines.labelled_pages import read_inputs
+    (tmp_path / "COCO").mkdir()
+    (tmp_path / "PNG").mkdir()
+    for split, docs in (("train", ["a", "b"]), ("val", ["c"])):
+        coco = {"images": [], "annotations": [], "categories": [{"id": 1, "name": "Text"}]}
+        for d in docs:
+            for k in range(2):
+                name = f"{split}{d}{k}.png"
+                Image.new("RGB", (60, 80), "white").save(tmp_path / "PNG" / name)
+                coco["images"].append({"id": len(coco["images"]) + 1, "file_name": name, "width": 60, "height": 80,
+                                       "doc_name": f"{d}.pdf"})
+                coco["annotations"].append({"id": k, "image_id": len(coco["images"]), "category_id": 1, "bbox": [1, 1, 9, 9]})
+        (tmp_path / "COCO" / f"{split}.json").write_text(json.dumps(coco))
+    cfg = load_config("demo", "smoke", [f"labelled.release={tmp_path}", "labelled.dataset=doclaynet", "labelled.min_class_boxes=1"])
+    r = read_inputs(cfg)
+    assert r["how"] == "the images' `doc_name` field" and r["kept_docs"] == {"a.pdf", "b.pdf", "c.pdf"}
+    assert len(r["images"]) == 6 and r["classes"] == ["Text"]
+
+
+def test_documents_default_to_the_file_name_prefix():
+    from gsdistill.pipelines.labelled_input import documents
+    images = [{"name": n, "entry": {}} for n in ("PMC1_00001.jpg", "PMC1_00002.jpg", "PMC2_00001.jpg")]
+    how, doc_of = documents(images, None)
+    assert "prefix before its last `_`" in how and doc_of == {"PMC1_00001.jpg": "PMC1", "PMC1_00002.jpg": "PMC1",
+                                                               "PMC2_00001.jpg": "PMC2"}
+
+
 def test_class_maps_and_rare_classes():
     from gsdistill.pipelines.labelled_input import class_map, target_classes
     names = ["MainZone:commentary", "MainZone:primaryText", "NumberingZone:pageNumber", "TitlePageZone"]
