@@ -13,9 +13,9 @@ import argparse
 import itertools
 import json
 import time
-import yaml
 from pathlib import Path
 
+import yaml
 from tqdm import tqdm
 
 from gsdistill.config import load_config, save_config
@@ -298,11 +298,11 @@ def main(argv: list[str]) -> int:
     extra += [f"labelled.{k}={v}" for k, v in given.items() if v is not None]
     if args.coco and args.release:
         p.error("--coco and --release: give one of them")
-    labelled = bool(args.coco or args.release)
-    if labelled and args.pdfs:
+    has_labels = bool(args.coco or args.release)
+    if has_labels and args.pdfs:
         p.error("--pdfs and --coco/--release: give one source of pages")
     # real pages need the real-page recipe (configs/demo/pdfs.yaml): the default one is sized for large print
-    size = args.size if args.size is not None else ("pdfs" if args.pdfs else "labelled" if labelled else None)
+    size = args.size if args.size is not None else ("pdfs" if args.pdfs else "labelled" if has_labels else None)
     if size is not None:
         print(f"demo recipe: configs/demo/{size}.yaml", flush=True)
     cfg = load_config("demo", size, [*args.overrides, *extra])
