@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gsdistill.pipelines.labelled_input import copy_name
+
 
 def scaled_size(size: tuple[int, int], long_side: int | None) -> tuple[int, int]:
     """An image's size after the copy's downscaling (``labelled_pages._copy_one`` uses the same rule)."""
@@ -19,7 +21,6 @@ def scaled_size(size: tuple[int, int], long_side: int | None) -> tuple[int, int]
 
 
 def _split_json(images: list[dict], mapping: dict, classes: list[str], long_side: int | None) -> dict:
-    from gsdistill.pipelines.labelled_pages import copy_name
 
     index = {c: i + 1 for i, c in enumerate(classes)}
     out_images, anns = [], []
@@ -41,7 +42,6 @@ def detect_data(images: list[dict], doc_of: dict[str, str], held: set[str], mapp
     """The data YAML of both sides in ``out/data`` (source files in ``out/source``); ``by_document``: the
     held-out sidecar names each page's document, so the report's bootstrap resamples documents, not pages."""
     from gsdistill.detect.coco_convert import convert_release
-    from gsdistill.pipelines.labelled_pages import copy_name
 
     source = out / "source"
     (source / "COCO").mkdir(parents=True, exist_ok=True)

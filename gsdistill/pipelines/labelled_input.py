@@ -26,6 +26,11 @@ DOC_KEYS = ("source_book", "doc_name")  # what a COCO file of scans / a DocLayNe
 PRESETS = ("coarse",)
 
 
+def copy_name(name: str) -> str:
+    """Where an image's copies live under a copy folder (``labelled_pages``): its own relative name, as PNG."""
+    return Path(name).with_suffix(".png").as_posix()
+
+
 def release_inputs(root: str | Path, dataset: str) -> list[tuple[Path, Path]]:
     """(COCO json, its image folder) of every split file of an official release folder."""
     root = Path(root)

@@ -29,6 +29,7 @@ from pathlib import Path
 from gsdistill.config import load_config
 from gsdistill.errors import InputError, MissingFileError
 from gsdistill.pipelines import labelled_input as li
+from gsdistill.pipelines.labelled_input import copy_name
 
 
 def cache_root(cfg) -> Path:
@@ -47,11 +48,6 @@ def images_key(images: list[dict]) -> str:
     for im in sorted(images, key=lambda im: im["name"]):
         h.update(im["name"].encode() + b"\0" + hashlib.sha256(im["file"].read_bytes()).digest())
     return h.hexdigest()[:16]
-
-
-def copy_name(name: str) -> str:
-    """Where an image's copies live under a copy folder: its own relative name, as PNG."""
-    return Path(name).with_suffix(".png").as_posix()
 
 
 def _copy_one(job: tuple[str, list[tuple[Path, int | None]]]) -> tuple[int, int]:
