@@ -106,6 +106,14 @@ def test_documents_default_to_the_file_name_prefix():
                                                                "PMC2_00001.jpg": "PMC2"}
 
 
+def test_ocr_by_document_counts_words_and_greek_letters():
+    from gsdistill.pipelines.demo_report_labelled import ocr_by_document
+    pages = [{"id": "a1", "doc_id": "a", "spans": [{"text": "μῆνιν ἄειδε θεὰ"}, {"text": "Zorn"}]},
+             {"id": "b1", "doc_id": "b", "spans": [{"text": "Über alles"}]}]
+    rows = ocr_by_document(pages)
+    assert rows[2] == "| a | 1 | 4 | 76.5 % | 0.0 % |" and rows[3] == "| b | 1 | 2 | 0.0 % | 11.1 % |"
+
+
 def test_class_maps_and_rare_classes():
     from gsdistill.pipelines.labelled_input import class_map, target_classes
     names = ["MainZone:commentary", "MainZone:primaryText", "NumberingZone:pageNumber", "TitlePageZone"]
@@ -173,6 +181,7 @@ def test_labelled_demo_runs_every_stage(labelled_demo):
     assert res["detect_budgets"][0]["fraction"] == 0.5
     text = report.read_text()
     assert "## 1b. The labelled pages" in text and "held out, 2 of 4 documents" in text
+    assert "What OCR read of each document" in text and "| book0 | 2 |" in text
     for d in lab["held_docs"]:
         assert d in text
 

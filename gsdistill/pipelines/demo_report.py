@@ -177,7 +177,8 @@ def write_demo_report(cfg, out: Path, run_dir: Path, control_dir: Path | None, i
     lab = info["data"].get("labelled")
     if lab:
         imgsz = int(load_config("detect", "compare", [*cfg.detect]).imgsz)
-        lines += labelled_section(lab, imgsz, [float(f) for f in cfg.detect_label_fractions])
+        pages = [*read_pages(out / "data" / "train", decode_images=False), *held]
+        lines += labelled_section(lab, imgsz, [float(f) for f in cfg.detect_label_fractions], pages)
     lines += ["## 2. GSDistill pretraining", "", f"Run: `{rel(run_dir, out)}` (resolved config in "
               f"`config.yaml`, metrics in `metrics.csv`, backbone export in `backbone/`)."
               + (f" Control (backbone frozen at random, heads trained the same way): `{rel(control_dir, out)}`."

@@ -22,7 +22,29 @@ def zone_sizes(data_yaml: str | Path, imgsz: int) -> dict[str, tuple[float, floa
     return {k: (float(np.median([w for w, _ in v])), float(np.median([h for _, h in v])), len(v)) for k, v in out.items()}
 
 
-def labelled_section(lab: dict | None, imgsz: int | None = None, fractions=()) -> list[str]:
+def _greek(c: str) -> bool:
+    return 0x370 <= ord(c) <= 0x3FF or 0x1F00 <= ord(c) <= 0x1FFF
+
+
+def ocr_by_document(pages) -> list[str]:
+    """What OCR read of each document: pages, median words a page, and the share of its letters that are Greek
+    (U+0370-03FF, U+1F00-1FFF) or outside ASCII Latin (umlauts, long s, ...): a book whose Greek reads as Latin
+    letters shows a 0 % Greek share."""
+    by_doc: dict[str, list[str]] = {}
+    for p in pages:
+        by_doc.setdefault(str(p.get("doc_id") or p["id"]), []).append(" ".join(s["text"] for s in p["spans"]))
+    lines = ["| document | pages | words a page (median) | Greek letters | other non-ASCII letters |",
+             "|---|---:|---:|---:|---:|"]
+    for doc, texts in sorted(by_doc.items()):
+        letters = [c for c in " ".join(texts) if c.isalpha()]
+        greek = sum(map(_greek, letters)) / max(1, len(letters))
+        other = sum(ord(c) > 127 and not _greek(c) for c in letters) / max(1, len(letters))
+        lines.append(f"| {doc} | {len(texts)} | {np.median([len(t.split()) for t in texts]):.0f} | {100 * greek:.1f} % "
+                     f"| {100 * other:.1f} % |")
+    return lines
+
+
+def labelled_section(lab: dict | None, imgsz: int | None = None, fractions=(), pages=()) -> list[str]:
     if not lab:
         return []
     docs, held = lab["documents"], lab["held_docs"]
@@ -55,6 +77,9 @@ def labelled_section(lab: dict | None, imgsz: int | None = None, fractions=()) -
     if lab["input_skipped"]:
         lines.append(f"- Skipped inputs: {len(lab['input_skipped'])} (first: {lab['input_skipped'][0]['source']}: "
                      f"{lab['input_skipped'][0]['reason']}).")
+    if pages:
+        lines += ["", "What OCR read of each document (pretraining's text; the held-out documents' pages only serve "
+                  "retrieval and this report):", ""] + ocr_by_document(pages)
     if imgsz:
         sizes = zone_sizes(lab["data_yaml"], imgsz)
         lines += ["", f"Where the detectors see the zones: median box width × height in pixels of the {imgsz} px "
