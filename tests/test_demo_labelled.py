@@ -14,8 +14,9 @@ from gsdistill.pipelines import demo
 from gsdistill.tuples.sources.images import tesseract_available
 
 SENTINEL = "Zqxsentinelzone"  # a category name no OCR, descriptor or default could produce
-SMOKE = ["data.eval_fraction=0.5", "data.retrieval_train_pages=4", "labelled.min_class_boxes=3",
-         "labelled.workers=1", "labelled.ocr_long_side=800", "labelled.ocr_min_width=480", "labelled.detect_long_side=256", "labelled.bootstrap_min_docs=2"]
+SMOKE = ["data.eval_fraction=0.5", "data.retrieval_train_pages=4", "labelled.min_class_boxes=3", "labelled.workers=1",
+         "labelled.ocr_long_side=800", "labelled.ocr_min_width=480", "labelled.detect_long_side=256",
+         "labelled.bootstrap_min_docs=2"]
 
 
 def labelled_fixture(root, docs=4, pages=2):
