@@ -3,7 +3,7 @@
 # and the package with its dev extra. Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-APT_PACKAGES="tesseract-ocr poppler-utils"
+APT_PACKAGES="tesseract-ocr poppler-utils tesseract-ocr-grc tesseract-ocr-frk tesseract-ocr-deu tesseract-ocr-lat"
 if [ "${GSDISTILL_TEXLIVE_DOCS:-0}" = "1" ]; then APT_PACKAGES="$APT_PACKAGES texlive-latex-base-doc"; fi
 missing=""
 for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

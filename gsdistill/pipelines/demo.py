@@ -15,6 +15,7 @@ import json
 import time
 from pathlib import Path
 
+import yaml
 from tqdm import tqdm
 
 from gsdistill.config import load_config, save_config
@@ -29,6 +30,10 @@ def build_tuples(cfg, out: Path) -> tuple[Path, Path, dict]:
     from gsdistill.tuples.builder.synthetic_sets import build_synthetic
 
     d, train_dir, eval_dir = cfg.data, out / "data" / "train", out / "data" / "eval"
+    if labelled(cfg):  # pages people labelled: OCR'd scans pretrain, their boxes go to detection alone
+        from gsdistill.pipelines.labelled_pages import build_labelled_split
+        readers = max(1, int(pretrain_config(cfg, train_dir).data.num_workers))
+        return build_labelled_split(cfg, out, readers)
     if cfg.pdfs:
         from gsdistill.pipelines.demo_pdfs import build_pdf_split
         info = build_pdf_split(Path(cfg.pdfs), out / "data", int(d.pdf_dpi), int(d.max_pdf_pages),
@@ -52,6 +57,11 @@ def _detect_extra(cfg, out: Path) -> dict:
     return {"detection-only pages (detect_extra_pdfs)": build_detect_extra(
         Path(cfg.detect_extra_pdfs), extra_dir(out), int(d.pdf_dpi), int(d.max_pdf_pages), int(d.pages_per_pdf),
         pdfs=Path(cfg.pdfs) if cfg.pdfs else None)}
+
+
+def labelled(cfg) -> bool:
+    """Whether the demo runs on labelled pages (``demo --coco`` / ``--release``)."""
+    return bool(cfg.labelled.coco or cfg.labelled.release)
 
 
 def extra_dir(out: Path) -> Path:
@@ -87,10 +97,11 @@ def check_demo_folder(out: Path, overwrite: bool) -> None:
                              "wrote)")
 
 
-def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> dict:
+def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path, data_yaml: str | None = None) -> dict:
     """Head-only detection on the pretrained and a random backbone plus stock YOLOv10n, same budget,
     ``detect_seeds``; trained on pretraining pages, scored on held-out pages (pycocotools); ``paired``:
-    pretrained minus random backbone (and minus the reference) with a bootstrap over held-out documents."""
+    pretrained minus random backbone (and minus the reference) with a bootstrap over held-out documents.
+    ``data_yaml``: detection data made beforehand (labelled pages: their own boxes); None = the pages' own boxes."""
     from gsdistill.tuples.store.reader import read_manifest, read_pages
     from gsdistill.detect.compare import compare_backbones, summarize
     from gsdistill.detect.convert import pages_to_yolo
@@ -104,11 +115,16 @@ def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path) -> d
     n_pre = read_manifest(train_dir)["pages"]
     n_pre = n_pre if n_train is None else min(int(n_train), n_pre)
     n_extra = read_manifest(extra_dir(out))["pages"] if cfg.detect_extra_pdfs else 0
-    pages = itertools.chain(itertools.islice(read_pages(train_dir), n_pre),
-                            read_pages(extra_dir(out)) if n_extra else (), read_pages(eval_dir))
-    held = {p["doc_id"] for p in read_pages(eval_dir, decode_images=False)}
-    names, category_map = LABEL_SETS[str(cfg.detect_labels)]
-    data_yaml = pages_to_yolo(pages, out / "detect" / "data", val_docs=held, names=names, category_map=category_map)
+    if data_yaml is None:
+        pages = itertools.chain(itertools.islice(read_pages(train_dir), n_pre),
+                                read_pages(extra_dir(out)) if n_extra else (), read_pages(eval_dir))
+        held = {p["doc_id"] for p in read_pages(eval_dir, decode_images=False)}
+        names, category_map = LABEL_SETS[str(cfg.detect_labels)]
+        data_yaml = pages_to_yolo(pages, out / "detect" / "data", val_docs=held, names=names, category_map=category_map)
+    else:
+        from gsdistill.detect.subset import train_images
+        names = list(yaml.safe_load(Path(data_yaml).read_text())["names"].values())
+        n_pre = train_images(data_yaml)
     overrides = [*cfg.detect]
     if n_extra:  # more documents at the budget the pretraining pages alone get: epochs (and warm-up) scaled down
         overrides += same_steps_overrides(load_config("detect", "compare", overrides), n_pre, n_pre + n_extra)
@@ -191,7 +207,10 @@ def check_demo_config(cfg, out: Path) -> None:
     """The values of every stage that pretrains, before the first page is made (one line, exit 2)."""
     from gsdistill.pretrain.config_checks import check_pretrain_config, check_synthetic_pages
 
-    if not cfg.pdfs:
+    if labelled(cfg):  # the labelled pages, their documents and classes: read and checked
+        from gsdistill.pipelines.labelled_pages import read_inputs
+        read_inputs(cfg)
+    elif not cfg.pdfs:
         check_synthetic_pages(cfg.data.page_width, cfg.data.page_height, cfg.data.text_scale)
     check_pretrain_config(pretrain_config(cfg, out / "data" / "train"), shards_made_later=True)
 
@@ -233,7 +252,8 @@ def _run_stages(cfg, out: Path, overwrite: bool) -> Path:
             if cfg.control:
                 control_dir = pretrain(cfg, train_dir, out, "control", "model.freeze_backbone=true", overwrite=overwrite)
         elif stage == "detect":
-            info["detect"] = detect(cfg, train_dir, eval_dir, run_dir / "backbone", out)
+            info["detect"] = detect(cfg, train_dir, eval_dir, run_dir / "backbone", out,
+                                    (info["data"].get("labelled") or {}).get("data_yaml"))
         elif stage == "detect budgets":  # few labels, few epochs (demo_budgets); nothing when none are asked
             from gsdistill.pipelines.demo_budgets import detect_budgets
             info["detect_budgets"] = detect_budgets(cfg, info["detect"]["data_yaml"], run_dir / "backbone", out,
@@ -254,8 +274,18 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="gsdistill demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pdfs", help="folder of PDFs to use instead of the synthetic pages")
-    p.add_argument("--size", default=None, help="experiment file of configs/demo/ (smoke, pdfs, pdfs_long, gpu; "
-                   "default: pdfs with --pdfs, else none)")
+    p.add_argument("--coco", help="COCO json of pages people labelled: pretrained on as unlabelled scans (OCR), "
+                   "their boxes train the detection heads and score them on held-out documents")
+    p.add_argument("--images", help="folder of the --coco json's images")
+    p.add_argument("--release", help="an official DocLayNet or PubLayNet release folder instead of --coco/--images")
+    p.add_argument("--dataset", choices=["doclaynet", "publaynet"], help="the kind of --release")
+    p.add_argument("--doc-key", help="image field naming each page's document (default: source_book, else "
+                   "doc_name, else the file name's prefix before its last '_')")
+    p.add_argument("--class-map", help="coarse (each name's part before ':') or a YAML/JSON file of "
+                   "{source name: target name or null} (default: the set's own names)")
+    p.add_argument("--workers", type=int, help="processes copying and OCRing the labelled images (default: all cores)")
+    p.add_argument("--size", default=None, help="experiment file of configs/demo/ (smoke, pdfs, pdfs_long, labelled, "
+                   "gpu; default: pdfs with --pdfs, labelled with --coco or --release, else none)")
     p.add_argument("--out", help="output folder (default runs/demo)")
     p.add_argument("--overwrite", action="store_true",
                    help="run again in a folder holding an earlier demo (each stage replaces only what it wrote)")
@@ -263,8 +293,16 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     extra = [f"pdfs={args.pdfs}"] if args.pdfs else []
     extra += [f"out_dir={args.out}"] if args.out else []
+    given = {"coco": args.coco, "images": args.images, "release": args.release, "dataset": args.dataset,
+             "doc_key": args.doc_key, "class_map": args.class_map, "workers": args.workers}
+    extra += [f"labelled.{k}={v}" for k, v in given.items() if v is not None]
+    if args.coco and args.release:
+        p.error("--coco and --release: give one of them")
+    has_labels = bool(args.coco or args.release)
+    if has_labels and args.pdfs:
+        p.error("--pdfs and --coco/--release: give one source of pages")
     # real pages need the real-page recipe (configs/demo/pdfs.yaml): the default one is sized for large print
-    size = args.size if args.size is not None else ("pdfs" if args.pdfs else None)
+    size = args.size if args.size is not None else ("pdfs" if args.pdfs else "labelled" if has_labels else None)
     if size is not None:
         print(f"demo recipe: configs/demo/{size}.yaml", flush=True)
     cfg = load_config("demo", size, [*args.overrides, *extra])

@@ -12,6 +12,7 @@ import numpy as np
 from gsdistill.config import load_config
 from gsdistill.pipelines.demo_budgets import budgets_section
 from gsdistill.pipelines.demo_report_detect import detect_section, human_labels_section
+from gsdistill.pipelines.demo_report_labelled import labelled_section
 from gsdistill.pipelines.report_text import chance_claim, claim, rel
 from gsdistill.pretrain.metrics_log import LOSS_TERMS, read_metrics
 
@@ -153,6 +154,15 @@ def retrieval_section(ret: dict, heights: dict[str, float], local: tuple[str, di
     return lines
 
 
+def _source(cfg) -> str:
+    lab = cfg.labelled
+    if lab.release:
+        return f"the {lab.dataset} release in {lab.release} (its labelled pages)"
+    if lab.coco:
+        return f"labelled pages of {lab.coco}"
+    return "PDFs in " + str(cfg.pdfs) if cfg.pdfs else "embedded synthetic pages"
+
+
 def write_demo_report(cfg, out: Path, run_dir: Path, control_dir: Path | None, info: dict, times: dict) -> Path:
     from gsdistill.tuples.store.reader import read_pages
     table, change = loss_table(run_dir / "metrics.csv")
@@ -161,9 +171,14 @@ def write_demo_report(cfg, out: Path, run_dir: Path, control_dir: Path | None, i
     held = list(read_pages(out / "data" / "eval", decode_images=False))
     heights = text_height_in_view(held, info["retrieval"]["image_size"])
     lines = ["# gsdistill demo report", "",
-             f"Source: {'PDFs in ' + str(cfg.pdfs) if cfg.pdfs else 'embedded synthetic pages'}; seed {cfg.seed}; "
+             f"Source: {_source(cfg)}; seed {cfg.seed}; "
              f"stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()) + ".", ""]
     lines += data_section(info["data"])
+    lab = info["data"].get("labelled")
+    if lab:
+        imgsz = int(load_config("detect", "compare", [*cfg.detect]).imgsz)
+        pages = [*read_pages(out / "data" / "train", decode_images=False), *held]
+        lines += labelled_section(lab, imgsz, [float(f) for f in cfg.detect_label_fractions], pages)
     lines += ["## 2. GSDistill pretraining", "", f"Run: `{rel(run_dir, out)}` (resolved config in "
               f"`config.yaml`, metrics in `metrics.csv`, backbone export in `backbone/`)."
               + (f" Control (backbone frozen at random, heads trained the same way): `{rel(control_dir, out)}`."
