@@ -304,7 +304,8 @@ def main(argv: list[str]) -> int:
     # real pages need the real-page recipe (configs/demo/pdfs.yaml): the default one is sized for large print
     size = args.size if args.size is not None else ("pdfs" if args.pdfs else "labelled" if has_labels else None)
     if size is not None:
-        print(f"demo recipe: configs/demo/{size}.yaml", flush=True)
+        named = "/" in size or size.endswith((".yaml", ".yml"))  # --size takes a path as well as a name
+        print(f"demo recipe: {size if named else f'configs/demo/{size}.yaml'}", flush=True)
     cfg = load_config("demo", size, [*args.overrides, *extra])
     from gsdistill.threads import apply_threads
     apply_threads(cfg.threads, ultralytics=True)  # before any torch work; the detect stage runs in this process
