@@ -104,6 +104,23 @@ def _resolve_experiment(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[P
     return chain + [(path, cfg)]
 
 
+def experiment_files(stage: str, experiment: str | os.PathLike | None) -> list[Path]:
+    """The files an experiment config is read from (the file and its ``_base_`` chain), found as
+    :func:`load_config` finds them; [] for none. They are inputs of the command: never an output."""
+    if experiment is None:
+        return []
+    exp = Path(experiment)
+    if not exp.is_file():
+        cand = configs_dir() / stage / (exp.name if exp.suffix else exp.name + ".yaml")
+        exp = cand if cand.is_file() else exp
+    if not exp.is_file():
+        return []
+    try:
+        return [path for path, _ in _resolve_experiment(exp)]
+    except Exception:  # noqa: BLE001 -- load_config reports a broken chain; the check needs what exists
+        return [exp.resolve()]
+
+
 def parse_overrides(overrides: Iterable[str]) -> list[tuple[str, object]]:
     out = []
     for item in overrides:

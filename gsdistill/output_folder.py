@@ -12,6 +12,14 @@ and holds :func:`lock_folder` while it writes, so that
   Where the file system has no ``flock`` (some network mounts), the PID written in the file decides:
   a live process on this host holds the folder, a dead one does not.
 
+* what a command writes while it holds a folder is recorded there (``FOLDER/.gsdistill-files``,
+  :mod:`gsdistill.output_manifest`), and :func:`check_claim` decides with that record what a folder
+  holds: an earlier result of gsdistill's (refused unless ``--overwrite``), files gsdistill did not
+  write (refused unless ``--overwrite``, then kept), or a file of the user's at a name the command
+  writes (refused always). :func:`remove_earlier` is what ``--overwrite`` removes, and all it removes;
+* a folder that cannot be created is one line naming it, and folders a failed command made are
+  removed again when it leaves them empty.
+
 Refusals are :class:`~gsdistill.errors.GsdistillError` subclasses: one line naming the folder,
 exit code 2 from the ``gsdistill`` command, and a sentence saying what to do instead.
 """
@@ -27,9 +35,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from gsdistill import output_manifest
 from gsdistill.errors import GsdistillError
-
-LOCK_NAME = ".gsdistill.lock"
+from gsdistill.output_manifest import LOCK_NAME, Inventory, Layout, Removal, describe, inventory, remove_written
 
 
 class OutputConflict(GsdistillError, ValueError):
@@ -78,6 +86,50 @@ def check_output_dir(out: str | Path, what: str, inputs: Iterable[tuple[str, str
     return out
 
 
+def check_claim(folder: str | Path, what: str, layout: Layout, overwrite: bool, fresh: bool = True,
+                flag: str | None = "--overwrite") -> Inventory:
+    """What ``folder`` holds (:func:`gsdistill.output_manifest.inventory`), once a command writing
+    ``layout`` there may go on, before it writes or removes anything:
+
+    * a top-level entry the command writes that gsdistill did not write (the user's ``config.yaml``,
+      a link where ``units/`` goes, a folder of the user's where ``data/`` goes) is refused, with or
+      without ``overwrite``: it would be written over, or written through;
+    * when ``fresh`` (the folder is not the command's own earlier output being resumed or redone),
+      a folder holding any file gsdistill did not write is refused unless ``overwrite`` (those files
+      then stay as they are). ``flag`` names the option in the message (None: the command has none)."""
+    folder = Path(folder)
+    inv = inventory(folder, layout)
+    clashes = inv.clashes(layout)
+    if clashes:
+        name = clashes[0]
+        kind = {"l": "a link", "d": "a folder gsdistill did not make"}.get(inv.entries[name.rstrip("/")],
+                                                                           "a file gsdistill did not write")
+        raise OutputConflict(f"{what} {folder}: {name} there is {kind}, and {layout.what} writes "
+                             f"{name.rstrip('/')}; move it or choose another folder (it is never written over, "
+                             "followed or removed, --overwrite or not)")
+    if fresh and inv.foreign and not overwrite:
+        hint = f", or pass {flag} to write there anyway (they stay as they are)" if flag else ""
+        raise OutputConflict(f"{what} {folder}: holds files gsdistill did not write ({describe(inv.foreign)}); "
+                             f"give a new or empty folder{hint}")
+    return inv
+
+
+def remove_earlier(folder: str | Path, layout: Layout, under: Iterable[str] | None = None,
+                   say: str | None = "--overwrite") -> Removal:
+    """Remove what gsdistill wrote in ``folder`` (:func:`gsdistill.output_manifest.remove_written`),
+    said in one line on stderr (``say``: what asked for it; None says nothing): what went, and the
+    files kept because gsdistill did not write them."""
+    folder = Path(folder)
+    removal = remove_written(folder, layout, under)
+    if say and (removal.removed or removal.kept):
+        line = f"{say}: removed {describe(removal.removed) or 'nothing'} from {folder}"
+        if removal.kept:
+            line += (f"; kept {len(removal.kept)} file{'s' if len(removal.kept) != 1 else ''} gsdistill did not "
+                     f"write ({describe(removal.kept)})")
+        print(line, file=sys.stderr, flush=True)
+    return removal
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -110,15 +162,21 @@ def _busy(folder: Path, lock: Path) -> FolderBusy:
 
 def _identity() -> dict:
     return {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "session_since_ns": time.time_ns(),
             "command": " ".join(["gsdistill" if i == 0 and a.endswith(("gsdistill", "cli.py", "__main__.py")) else a
                                  for i, a in enumerate(sys.argv[:6])])[:200]}
 
 
 @contextmanager
-def lock_folder(folder: str | Path) -> Iterator[Path]:
+def lock_folder(folder: str | Path, record: bool = True) -> Iterator[Path]:
     """Hold ``folder`` (created if missing) for this process; :class:`FolderBusy` naming the holder's
     PID when another live process holds it. Re-entrant within one process (a stage calling another
-    on the same folder)."""
+    on the same folder).
+
+    While held, what the block writes there is recorded (``record``; :mod:`gsdistill.output_manifest`):
+    it is what a later ``--overwrite`` may remove, and all it may remove. A folder that cannot be made
+    is one line naming it (:class:`OutputConflict`); folders this call made are removed again when
+    the block fails and leaves them empty (a refused or failed command leaves no empty folder)."""
     folder = Path(folder)
     key = str(_real(folder))
     if key in _HELD:
@@ -128,24 +186,94 @@ def lock_folder(folder: str | Path) -> Iterator[Path]:
         finally:
             _HELD[key] -= 1
         return
-    folder.mkdir(parents=True, exist_ok=True)
+    made = _make(folder)
     path = folder / LOCK_NAME
-    fd = _acquire(folder, path)
-    _HELD[key] = 1
     try:
+        fd, stale = _acquire(folder, path)
+    except BaseException:
+        _remove_if_empty(made)
+        raise
+    _HELD[key] = 1
+    failed = False
+    try:
+        if record:
+            output_manifest.begin(folder, stale)
         yield folder
+    except BaseException:
+        failed = True
+        raise
     finally:
-        del _HELD[key]
-        _release(fd, path)
+        try:
+            if record:
+                output_manifest.finish(folder)
+        finally:
+            del _HELD[key]
+            _release(fd, path)
+            if failed:
+                _remove_if_empty(made)
 
 
 _HELD: dict[str, int] = {}
 
 
-def _acquire(folder: Path, path: Path) -> int:
+def _make(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; return those created (deepest first). A folder that
+    cannot be made is one line naming it and why (``--run-dir /proc/x``, a parent that is a file)."""
+    missing = []
+    probe = Path(os.path.abspath(folder))
+    while not probe.exists() and not probe.is_symlink() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _remove_if_empty([m for m in missing if m.is_dir()])
+        raise OutputConflict(f"{folder}: cannot be created ({e.strerror or type(e).__name__}"
+                             f"{'' if e.filename in (None, str(folder)) else ': ' + str(e.filename)}); "
+                             "give a folder you can write") from None
+    if not folder.is_dir():
+        raise OutputConflict(f"{folder}: is not a folder; give a folder path")
+    return missing
+
+
+def _remove_if_empty(made: list[Path]) -> None:
+    for folder in made:  # deepest first: a parent goes only when the folder in it went
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def _open_lock(folder: Path, path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0),
+                       0o644)
+    except IsADirectoryError:
+        raise OutputConflict(f"{folder}: {LOCK_NAME} there is a folder, not gsdistill's lock file; remove it "
+                             "(it holds no lock) or write to another folder") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OutputConflict(f"{folder}: {LOCK_NAME} there is a link, not gsdistill's lock file; remove it "
+                                 "(it holds no lock) or write to another folder") from None
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC):
+            raise OutputConflict(f"{folder}: cannot write its lock file {LOCK_NAME} ({e.strerror}); give a "
+                                 "folder you can write") from None
+        raise
+
+
+def _stale_since(fd: int) -> int | None:
+    """The session start a killed holder left in the lock file (see output_manifest), or None."""
+    try:
+        info = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+        return int(info["session_since_ns"]) if isinstance(info, dict) and "session_since_ns" in info else None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _acquire(folder: Path, path: Path) -> tuple[int, int | None]:
     import fcntl
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = _open_lock(folder, path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -159,18 +287,20 @@ def _acquire(folder: Path, path: Path) -> int:
         except FileNotFoundError:
             pass
         os.close(fd)
+    stale = _stale_since(fd)  # a holder releasing the lock removes the file: any content is a dead one's
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps(_identity()).encode())
-    return fd
+    return fd, stale
 
 
-def _acquire_by_pid(folder: Path, path: Path) -> int:
+def _acquire_by_pid(folder: Path, path: Path) -> tuple[int, int | None]:
     info = _holder(path)
     if info.get("pid") and info.get("host") == socket.gethostname() and _pid_alive(int(info["pid"])) \
             and int(info["pid"]) != os.getpid():
         raise _busy(folder, path)
+    stale = int(info["session_since_ns"]) if str(info.get("session_since_ns", "")).isdigit() else None
     path.write_text(json.dumps(_identity()))
-    return -1
+    return -1, stale
 
 
 def _release(fd: int, path: Path) -> None:
@@ -184,11 +314,22 @@ def _release(fd: int, path: Path) -> None:
 
 def holder(folder: str | Path) -> dict | None:
     """Who holds ``folder`` now (``pid``, ``host``, ``command``, ``since``), or None when nobody does."""
+    import fcntl
     path = Path(folder) / LOCK_NAME
-    if not path.is_file():
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:  # only a look: the file (and what a killed holder left in it) stays as it is
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
         return None
     try:
-        with lock_folder(folder):
-            return None
-    except FolderBusy:
-        return _holder(path)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return _holder(path)
+        info = _holder(path)  # no flock here: the PID decides
+        alive = info.get("pid") and info.get("host") == socket.gethostname() and _pid_alive(int(info["pid"]))
+        return info if alive and int(info["pid"]) != os.getpid() else None
+    finally:
+        os.close(fd)
+    return None

@@ -54,7 +54,9 @@ def test_damaged_shards_and_records_are_rebuilt_and_nothing_else(tmp_path, caplo
     data[700] ^= 0xFF                                              # same size, one byte changed
     shard2.write_bytes(bytes(data))
     (out / "units" / "unit-000003.json").unlink()                 # finished shard without its record
-    (out / "shard-000004.tar.123.tmp").write_bytes(b"partial")    # a write that was killed
+    from gsdistill.output_folder import lock_folder
+    with lock_folder(out):  # a write of a build that was killed (recorded as gsdistill's, as the build's is)
+        (out / "shard-000004.tar.123.tmp").write_bytes(b"partial")
     build_shards("synthetic", "15", out, cfg(*SETTINGS))
     assert "2 of 5 shards kept (verified), 3 to build" in caplog.text
     after = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.tar")}

@@ -51,8 +51,11 @@ def test_split_then_eval_two_models(page_shards, monkeypatch, capsys):
     assert (out / "acc_vs_k.png").is_file() and (out / "text_cache" / "FakeTextEncoder.safetensors").is_file()
     # pages from the pretraining documents are refused, with the documents named
     capsys.readouterr()
-    rc = gsdistill(["eval", "retrieval", "--model", str(tmp / "sp"), "--pages", str(tmp / "all"), "--out", str(out)])
+    report = (out / "results.json").read_bytes()
+    rc = gsdistill(["eval", "retrieval", "--model", str(tmp / "sp"), "--pages", str(tmp / "all"), "--out", str(out),
+                    "--overwrite"])  # (--out holds the evaluation above: refused without --overwrite)
     assert rc == 2 and "also in the pretraining data" in capsys.readouterr().err
+    assert (out / "results.json").read_bytes() == report  # refused: the earlier report is kept
     # a misspelled key is a config error with a hint
     rc = gsdistill(["eval", "retrieval", "--model", str(tmp / "sp"), "--pages", str(tmp / "eval"),
                     "retrieval.n_galery=5"])

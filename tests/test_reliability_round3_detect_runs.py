@@ -97,7 +97,7 @@ def test_export_and_predict_never_write_into_what_they_read(trained, tmp_path, c
     assert main(["detect", "predict", best, str(pages / "p.png"), f"predict.out={pages}"]) == 2
     assert tree(pages) == before
     assert main(["detect", "predict", best, str(pages), f"predict.out={tmp_path / 'pred'}"]) == 0
-    assert sorted(p.name for p in (tmp_path / "pred").iterdir()) == ["p.json", "p.png"]
+    assert sorted(p.name for p in (tmp_path / "pred").iterdir()) == [".gsdistill-files", "p.json", "p.png"]
 
 
 def test_val_report_folder_is_checked_against_its_inputs_and_locked(trained, tmp_path, capsys):
@@ -160,7 +160,8 @@ def test_predict_refuses_a_folder_of_other_predictions_unless_overwrite(trained,
     assert "replacing 2 earlier predictions" in capsys.readouterr().err
     assert tree(out).keys() == before.keys()
     assert _predict(best, second, out, "--overwrite") == 0
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == ["NOTES.txt", "p.json", "p.png"]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
+        ".gsdistill-files", "NOTES.txt", "p.json", "p.png"]  # the record of what gsdistill wrote there
     assert json.loads((out / "p.json").read_text())["source"] == str(second.resolve())
     assert (out / "NOTES.txt").read_text() == "mine"
 

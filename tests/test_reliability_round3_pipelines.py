@@ -33,7 +33,9 @@ def test_demo_into_an_earlier_demo_is_refused_before_any_stage(tmp_path, monkeyp
 
 
 def test_demo_overwrite_runs_the_stages_with_overwrite(tmp_path, monkeypatch):
-    (tmp_path / "report.md").write_text("earlier")
+    from gsdistill.output_folder import lock_folder
+    with lock_folder(tmp_path):  # an earlier demo's report (recorded as gsdistill's, as a demo writes it)
+        (tmp_path / "report.md").write_text("earlier")
     seen = {}
 
     def stages(cfg, out, overwrite):

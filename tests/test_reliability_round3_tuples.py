@@ -67,8 +67,10 @@ def test_split_into_its_own_input_or_one_folder_twice_or_a_file_writes_nothing(t
 def test_build_into_another_builds_folder_is_refused_and_overwrite_keeps_user_files(tmp_path, capsys):
     out = tmp_path / "shards"
     assert synthetic(out, 8) == 0
-    (out / "embeddings").mkdir()
-    (out / "embeddings" / "meta.json").write_text("{}")
+    from gsdistill.output_folder import lock_folder
+    with lock_folder(out):  # an embedding cache, as gsdistill writes it (recorded in the folder's record)
+        (out / "embeddings").mkdir()
+        (out / "embeddings" / "meta.json").write_text("{}")
     (out / "notes.txt").write_text("mine")
     before = snapshot(out)
     assert synthetic(out, 4) == 2  # another input

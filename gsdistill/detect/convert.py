@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Iterable
 
@@ -30,6 +29,7 @@ from gsdistill.detect.coco_convert import coco_to_yolo, convert_release  # noqa:
 from gsdistill.detect.convert_output import conversion_output
 from gsdistill.detect.yolo_folder import (IMAGE_SUFFIXES, SPLITS, DatasetError, _class_index, _link,  # noqa: F401
                                           _Writer, assign_splits, clip_box, yolo_line)  # (re-exported: their old home)
+from gsdistill.output_manifest import discard
 from gsdistill.tuples.labels import DOCLAYNET_CLASSES
 
 
@@ -114,7 +114,7 @@ def _write_pages(pages, writer: _Writer, index: dict, val_fraction: float, seed:
         for ann in anns:
             coco[s]["annotations"].append({"id": len(coco[s]["annotations"]) + 1, "image_id": image_id, **ann})
         image_ids[s][stem], doc_ids[s][stem] = image_id, doc  # doc: what a bootstrap over documents resamples
-    shutil.rmtree(staging)
+    discard(staging)  # what the conversion put there, never through a link
     (writer.out / "coco").mkdir(exist_ok=True)
     for s in splits:
         path = writer.out / "coco" / f"{s}.json"

@@ -14,21 +14,27 @@ is written:
 * ``--split S`` adds or replaces split S only (the documented way to build a folder from one json
   per official split): an S converted from another source is refused unless ``overwrite``.
 
-``overwrite`` removes only what ``detect convert`` writes (:data:`CONVERT_OUTPUTS`, or one split of
-them); anything else in the folder is left alone.
+``overwrite`` removes only what ``detect convert`` wrote (by the folder's record,
+:mod:`gsdistill.output_manifest`; in a folder from before records, the names of :data:`CONVERT`), or
+one split of it; never through a link (an image link goes, never the image), never a file of the
+user's. A name the conversion writes that is the user's (``data.yaml``, a link where ``images/``
+goes) is refused, ``overwrite`` or not.
 """
 from __future__ import annotations
 
 import json
-import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from gsdistill.detect.image_check import MEMO
-from gsdistill.output_folder import LOCK_NAME, OutputConflict, check_output_dir, lock_folder
+from gsdistill.output_folder import OutputConflict, check_claim, check_output_dir, lock_folder
+from gsdistill.output_manifest import Layout, inventory, remove_written
 
 CONVERT_OUTPUTS = ("images", "labels", "coco", "manifest.json", "coco_eval.json", "data.yaml", "_staging", MEMO)
+CONVERT = Layout("detect convert", CONVERT_OUTPUTS,
+                 ("images/*/*", "labels/*/*.txt", "labels/*.cache", "coco/*.json", "manifest.json", "coco_eval.json",
+                  "data.yaml", "_staging/*", MEMO), ("manifest.json",))
 _OVERWRITE_HINT = ("give another --out, or --overwrite to replace it (removes only what detect convert wrote "
                    "there)")
 
@@ -50,27 +56,23 @@ def conversion_output(out: str | Path, inputs: list[tuple[str, str | Path]] = ()
     """``out`` checked against ``inputs`` (``(label, path)``) and locked while the block writes it; a
     folder this call created is removed again when the block fails before writing anything into it."""
     out = check_output_dir(out, "--out", inputs=inputs)
-    created = not out.exists()
-    try:
-        with lock_folder(out):
-            yield out
-    except BaseException:
-        if created and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        raise
+    with lock_folder(out):  # which removes the folder again when it made it and the block leaves it empty
+        yield out
 
 
 def claim(out: Path, names: list[str], sources: dict[str, str | None], whole: bool, overwrite: bool) -> None:
     """Make ``out`` ready for a conversion writing the splits of ``sources`` (split -> source) with class
     ``names``; ``whole``: it owns the folder (no other split may stay). Refuse, or remove the earlier
     conversion this one replaces (module doc)."""
-    present = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME) if out.is_dir() else []
-    if not present:
+    inv = inventory(out, CONVERT)
+    if not inv.entries:
         return
-    manifest = read_manifest(out)
+    manifest = read_manifest(out) if "manifest.json" in inv.ours else None
     if manifest is None:
+        present = sorted(p for p in inv.entries if "/" not in p)
         raise OutputConflict(f"--out {out}: holds files that are not a detect convert output (e.g. {present[0]}); "
                              "give a new or empty folder")
+    check_claim(out, "--out", CONVERT, overwrite=True)  # a name it writes that is the user's: refused always
     old = {s: st.get("source") for s, st in manifest["splits"].items()}
     if manifest["names"] != list(names):
         conflict = f"classes {manifest['names']}, not {list(names)}"
@@ -95,22 +97,14 @@ _NONE = object()  # a split this conversion does not write
 
 
 def remove_conversion(out: Path) -> None:
-    """Delete what ``detect convert`` writes in ``out``, nothing else."""
-    for name in CONVERT_OUTPUTS:
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
+    """Delete what ``detect convert`` wrote in ``out`` (never through a link), nothing else."""
+    remove_written(out, CONVERT)
 
 
 def remove_split(out: Path, split: str, manifest: dict) -> None:
     """Delete one split of a conversion (labels, image links, its COCO json, manifest and sidecar entries)."""
-    for path in (out / "images" / split, out / "labels" / split):
-        if path.is_dir():
-            shutil.rmtree(path)
-    for path in (out / "labels" / f"{split}.cache", out / "coco" / f"{split}.json", out / MEMO):
-        path.unlink(missing_ok=True)
+    remove_written(out, CONVERT, [f"images/{split}", f"labels/{split}", f"labels/{split}.cache",
+                                  f"coco/{split}.json", MEMO])
     if split in manifest["splits"]:
         manifest["splits"].pop(split)
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1))

@@ -21,7 +21,8 @@ from ultralytics.models.yolo.detect import DetectionValidator  # noqa: E402
 from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml  # noqa: E402
 from gsdistill.detect.modules import BACKBONE_LAYER  # noqa: E402
 from gsdistill.detect.safe_load import load_yolo  # noqa: E402
-from gsdistill.output_folder import check_output_dir, lock_folder  # noqa: E402
+from gsdistill.output_folder import OutputConflict, check_output_dir, lock_folder  # noqa: E402
+from gsdistill.output_manifest import discard  # noqa: E402
 from gsdistill.tuples.store.folder import removed_if_left_empty  # noqa: E402
 
 
@@ -175,7 +176,9 @@ def _validate(model, weights, data_yaml: Path, data: dict, split: str, checked: 
     train_args = (model.ckpt or {}).get("train_args") or {}
     frozen = bool(train_args.get("freeze")) if train_args else bool(cfg.frozen)
     imgsz = checkpoint_imgsz(model, cfg.val.imgsz, cfg.imgsz)
-    (save_dir / "predictions.json").unlink(missing_ok=True)  # never score a previous run's boxes
+    if discard(save_dir / "predictions.json").kept:  # never score a previous run's boxes; never remove the user's
+        raise OutputConflict(f"project (val report folder) {save_dir}: predictions.json there is a file gsdistill did "
+                             "not write, and val writes predictions.json; move it or set another project")
     skipped = skipped_images(checked)
     readable = readable_data_yaml(data_yaml, checked, save_dir / "data")
     metrics = model.val(validator=PredictionRecordingValidator, data=str(readable), split=split,

@@ -74,7 +74,7 @@ def predict(weights: str | Path, source: str | Path, out_dir: str | Path, cfg, o
     from gsdistill.tuples.store.folder import removed_if_left_empty
 
     source, weights = Path(source), Path(weights)
-    out = _check_out(Path(out_dir), source)
+    out = _check_out(Path(out_dir), source, weights)
     pages = plan_pages(source)  # every name, before the model loads: a clash or a broken PDF is one line
     model = load_yolo(weights, safe=bool(cfg.safe_load))  # registers the gsdistill layers before unpickling
     imgsz = checkpoint_imgsz(model, cfg.predict.imgsz, cfg.imgsz)
@@ -84,12 +84,19 @@ def predict(weights: str | Path, source: str | Path, out_dir: str | Path, cfg, o
         return _predict(model, imgsz, weights, source, pages, out, cfg)
 
 
-def _check_out(out: Path, source: Path) -> Path:
+def _check_out(out: Path, source: Path, weights: Path | None = None) -> Path:
     """``out`` unless writing there would replace or add to the pages read: a folder source must not
     be or hold ``out`` (drawn PNGs would overwrite same-named pages and be read next time), and an
-    image source must not be the ``<page>.png`` / ``<page>.json`` written for it."""
+    image source must not be the ``<page>.png`` / ``<page>.json`` written for it; ``out`` holds
+    neither the source nor the weights (an input is never inside an output)."""
     from gsdistill.output_folder import check_output_dir
-    check_output_dir(out, "predict.out")
+    src, dst = source.resolve(), out.resolve()
+    inputs = [] if (source.is_dir() and (dst == src or src in dst.parents)) else [("source", source)]
+    inputs += [("weights", weights)] if weights is not None else []
+    if not (source.is_file() and src in {(out / f"{source.stem}{s}").resolve() for s in (".png", ".json")}):
+        check_output_dir(out, "predict.out", inputs)
+    else:
+        check_output_dir(out, "predict.out")
     src, dst = source.resolve(), out.resolve()
     if source.is_dir() and (dst == src or src in dst.parents):
         raise OutputConflict(f"predict.out {out}: is or lies in the source folder {source}; the drawn pages would "

@@ -11,8 +11,11 @@ So same-named pages of two sub-folders never overwrite one another.
 from, which is how a later run recognises it. Predicting the same source with the same weights
 again replaces that run's pages (said on stderr: a page gone from the source goes from the folder).
 Predictions of another source or other weights are refused unless ``overwrite``, which removes them
-first (those page JSONs and their drawn PNGs only). A file that is no prediction where a page would
-be written is refused, ``overwrite`` or not. Other files in the folder are never touched.
+first (those page JSONs and their drawn PNGs only, and only where gsdistill wrote them: the folder's
+record). A file that is no prediction where a page would be written is refused, ``overwrite`` or
+not. A folder holding no prediction but files gsdistill did not write is refused unless
+``overwrite``; other files in the folder are never touched. ``predict.out`` never holds the source
+or the weights.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from typing import NamedTuple
 
 from gsdistill.detect.yolo_folder import IMAGE_SUFFIXES
 from gsdistill.output_folder import OutputConflict
+from gsdistill.output_manifest import EVERYTHING, describe, inventory, remove_written
 
 RECORD_KEYS = {"page", "source", "weights", "boxes"}  # what makes a .json a page prediction of this command
 
@@ -105,27 +109,36 @@ def earlier_predictions(out: Path, source: Path) -> dict[Path, dict]:
 
 
 def clear_earlier(out: Path, source: Path, weights: Path, pages: list[PlannedPage], overwrite: bool) -> None:
-    """Make ``out`` ready for this run's ``pages`` (see the module docstring), or refuse it."""
+    """Make ``out`` ready for this run's ``pages`` (see the module docstring), or refuse it. Earlier
+    predictions count only where gsdistill wrote them (the folder's record,
+    :mod:`gsdistill.output_manifest`); a folder holding no prediction of gsdistill's but files it did
+    not write is refused unless ``overwrite`` (they stay as they are)."""
     this = (str(source.resolve()), str(weights.resolve()))
-    earlier = earlier_predictions(out, source)
+    inv = inventory(out, EVERYTHING)
+    rel = lambda p: p.relative_to(out).as_posix()  # noqa: E731
+    earlier = {p: r for p, r in earlier_predictions(out, source).items() if rel(p) in inv.ours}
     other = [r for r in earlier.values() if (str(r["source"]), str(r["weights"])) != this]
     if other and not overwrite:
         raise OutputConflict(f"predict.out {out}: holds {len(other)} predictions of {other[0]['source']} with "
                              f"{other[0]['weights']}; give another predict.out, or --overwrite to replace them "
                              "(removes only the page .json/.png files detect predict wrote)")
-    ours = set(earlier) | {p.with_suffix(".png") for p in earlier}
+    ours = set(earlier) | {p.with_suffix(".png") for p in earlier if rel(p.with_suffix(".png")) in inv.ours}
     for page in pages:
         for path in (out / f"{page.name}.json", out / f"{page.name}.png"):
-            if path.exists() and path not in ours:
+            if (path.exists() or path.is_symlink()) and path not in ours:
                 raise OutputConflict(f"predict.out {out}: {path} is not a prediction of detect predict and would be "
                                      "written over; give another predict.out or move that file")
+    if not earlier and inv.foreign and not overwrite:
+        raise OutputConflict(f"predict.out {out}: holds files gsdistill did not write ({describe(inv.foreign)}); "
+                             "give a new or empty folder, or pass --overwrite to write there anyway (they stay "
+                             "as they are)")
     if earlier:
         print(f"[detect] predict.out {out}: replacing {len(earlier)} earlier predictions"
               + (f" (of {len(other)} pages of other data)" if other else ""), file=sys.stderr, flush=True)
-    for path in earlier:
-        for gone in (path, path.with_suffix(".png")):
-            gone.unlink(missing_ok=True)
-        folder = path.parent
-        while folder != out and not any(folder.iterdir()):  # sub-folders it leaves empty
-            folder.rmdir()
+    remove_written(out, EVERYTHING, [rel(p) for p in sorted(ours)])
+    for folder in sorted({p.parent for p in earlier}, key=lambda f: -len(f.parts)):
+        while folder != out and folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+            remove_written(out, EVERYTHING, [rel(folder)])  # sub-folders it leaves empty (ours only)
+            if folder.exists():
+                break
             folder = folder.parent

@@ -24,6 +24,7 @@ import yaml
 
 from gsdistill.detect.checks import data_root, label_path, split_dir
 from gsdistill.detect.yolo_folder import IMAGE_SUFFIXES, DatasetError, _link
+from gsdistill.output_manifest import discard
 
 
 def split_images(data_yaml: str | Path, data: dict, split: str) -> list[Path]:
@@ -71,9 +72,10 @@ def repeat_factor_data(data_yaml: str | Path, threshold: float, seed: int, out: 
     copies = [math.floor(r) + (rng.random() < r - math.floor(r)) for r in r_img]
     for sub in ("images/train", "labels/train"):
         folder = out / sub
-        if folder.exists():  # made before, maybe at another threshold: start over
-            for old in folder.iterdir():
-                old.unlink()
+        if folder.exists() or folder.is_symlink():  # made before, maybe at another threshold: start over
+            kept = discard(folder).kept  # what gsdistill wrote there (links to the images), never through a link
+            if kept:
+                raise DatasetError(f"{folder}: holds files gsdistill did not write ({', '.join(kept[:3])}); move them")
         folder.mkdir(parents=True, exist_ok=True)
     for i, (img, label, k) in enumerate(zip(images, labels, copies)):
         for j in range(k):

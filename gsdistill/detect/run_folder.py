@@ -5,13 +5,13 @@ checkpoint."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 import sys
 from pathlib import Path
 
 from ultralytics.utils.files import increment_path
 
 from gsdistill.output_folder import LOCK_NAME, FolderBusy, OutputConflict, check_output_dir, lock_folder
+from gsdistill.output_manifest import EVERYTHING, remove_written
 
 
 def train_inputs(cfg, data: dict) -> list[tuple[str, Path]]:
@@ -59,5 +59,5 @@ def removed_unless_resumable(run_dir: Path):
         yield
     except BaseException:
         if not (run_dir / "weights" / "last.pt").is_file():
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
+            remove_written(run_dir, EVERYTHING)  # what this run wrote (never through a link); the lock removes
+        raise                                    # the folder once it is empty

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from gsdistill.detect.yolo_folder import IMAGE_SUFFIXES, DatasetError, _link
+from gsdistill.output_manifest import discard
 
 
 def subset_data(data_yaml: str | Path, fraction: float, seed: int, out: str | Path) -> Path:
@@ -35,9 +36,10 @@ def subset_data(data_yaml: str | Path, fraction: float, seed: int, out: str | Pa
     keep = sorted(random.Random(seed).sample(images, max(1, round(float(fraction) * len(images)))))
     for sub in ("images/train", "labels/train"):
         folder = out / sub
-        if folder.exists():  # a subset made before, maybe of another fraction: start over
-            for old in folder.iterdir():
-                old.unlink()
+        if folder.exists() or folder.is_symlink():  # a subset made before, maybe of another fraction: start over
+            kept = discard(folder).kept  # what gsdistill wrote there (links to the images), never through a link
+            if kept:
+                raise DatasetError(f"{folder}: holds files gsdistill did not write ({', '.join(kept[:3])}); move them")
         folder.mkdir(parents=True, exist_ok=True)
     labels = root / "labels" / Path(data["train"]).name
     for img in keep:

@@ -18,6 +18,7 @@ import yaml
 
 from gsdistill.detect.convert_output import claim
 from gsdistill.errors import GsdistillError
+from gsdistill.output_manifest import discard
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 SPLITS = ("train", "val", "test")
@@ -54,7 +55,8 @@ def yolo_line(cls: int, bbox_xyxy: list[float], width: int, height: int) -> str 
 def _link(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     if dst.exists() or dst.is_symlink():
-        dst.unlink()
+        if discard(dst).kept or dst.exists() or dst.is_symlink():  # a link goes, never what it points to
+            raise DatasetError(f"{dst}: a file gsdistill did not write is where this link goes; move it")
     try:
         os.symlink(src.resolve(), dst)
     except OSError:  # file systems without symlinks
@@ -102,8 +104,11 @@ class _Writer:
             raise DatasetError(f"split '{split}' must be one of {SPLITS}")
         for sub in ("images", "labels"):
             folder = self.out / sub / split
-            if folder.is_dir():
-                shutil.rmtree(folder)
+            if folder.exists() or folder.is_symlink():
+                kept = discard(folder).kept  # what gsdistill wrote there; never through a link
+                if kept:
+                    raise DatasetError(f"{folder}: holds files gsdistill did not write ({', '.join(kept[:3])}); "
+                                       "move them, or convert into another --out")
             folder.mkdir(parents=True)
         self.manifest["splits"][split] = {"source": self.sources.get(split), "images": 0, "boxes": 0, "skipped": [],
                                           "clipped": []}

@@ -1,15 +1,16 @@
 """``gsdistill eval``: crop-subsampled page retrieval and the document-level held-out split.
 
     gsdistill eval retrieval --model RUN_DIR [--model RUN_DIR2 ...] [--label NAME ...]
-                             --pages SHARD_DIR [--config EXP.yaml] [--out DIR] [key=value ...]
+                             --pages SHARD_DIR [--config EXP.yaml] [--out DIR] [--overwrite] [key=value ...]
     gsdistill eval split SHARD_DIR --train-out DIR --eval-out DIR [--fraction 0.1] [--seed 0] [--overwrite]
 
 ``retrieval`` refuses pages whose documents are in a model's pretraining shards (checked against
 the run's resolved config), or whose image or text is that of a pretraining page under another
 document name (a renamed copy), unless ``--allow-overlap`` is given. ``split`` keeps documents that
 share a page (a renamed copy) on one side. Output folders are checked against the inputs and each
-other before anything is written, and locked against a second writer; a split output holding another
-output is refused unless ``--overwrite``.
+other before anything is written, and locked against a second writer; an output holding another
+output (an earlier evaluation, another split) or files gsdistill did not write is refused unless
+``--overwrite``, which removes only what gsdistill wrote there.
 """
 from __future__ import annotations
 
@@ -36,18 +37,58 @@ def _retrieval(args: argparse.Namespace) -> int:
     if not pages_dir.exists():
         print(f"gsdistill eval retrieval: pages folder not found: {pages_dir}", file=sys.stderr)
         return 2
-    out_dir = _checked_out(Path(args.out or cfg.out_dir), pages_dir, args.model)
+    out_dir = _checked_out(Path(args.out or cfg.out_dir), pages_dir, args.model, args.config, args.text_cache)
     with removed_if_left_empty(out_dir), lock_folder(out_dir):
+        _claim_report(out_dir, args.overwrite)
         return _retrieval_into(out_dir, args, cfg, labels, pages_dir)
 
 
-def _checked_out(out_dir: Path, pages_dir: Path, models: list[str]) -> Path:
-    """``--out`` checked before any model or page is read: a folder, not the pages or a model run
-    (whose config.yaml it would overwrite), nor holding them; a folder inside a run is fine."""
+# what eval retrieval writes into --out (write_report, save_config, the text cache by default)
+REPORT = ("results.json", "metrics.csv", "table.md", "acc_vs_k.png")
+
+
+def _layout():
+    from gsdistill.output_manifest import Layout
+    return Layout("eval retrieval", REPORT + ("config.yaml", "text_cache"),
+                  REPORT + ("config.yaml", "text_cache/*.safetensors", "text_cache/*.tmp"), REPORT,
+                  (("results.json", "table.md"), ("results.json", "metrics.csv")))
+
+
+def _checked_out(out_dir: Path, pages_dir: Path, models: list[str], config: str | None = None,
+                 text_cache: str | None = None) -> Path:
+    """``--out`` checked before any model or page is read: a folder, not the pages, a model run
+    (whose config.yaml it would overwrite) or the experiment file, nor holding them; a folder inside a
+    run is fine."""
+    from gsdistill.config import experiment_files
     from gsdistill.output_folder import check_output_dir
     inside = [m for m in models if Path(m).resolve() in out_dir.resolve().parents]
     return check_output_dir(out_dir, "--out", inputs=[("--pages", pages_dir)] +
-                            [("--model", m) for m in models if m not in inside])
+                            [("--model", m) for m in models if m not in inside] +
+                            [("--config", f) for f in experiment_files("eval", config)])
+
+
+def _claim_report(out_dir: Path, overwrite: bool) -> None:
+    """``--out`` holding an earlier evaluation (its results, metrics, table or plot) or files gsdistill
+    did not write is refused unless ``overwrite``, which removes the earlier report (what gsdistill
+    wrote there; the text cache stays, it is keyed by text) and nothing else, once the new report is
+    ready (:func:`_replace_report`)."""
+    from gsdistill.output_folder import OutputConflict, check_claim
+    from gsdistill.output_manifest import describe
+    layout = _layout()
+    inv = check_claim(out_dir, "--out", layout, overwrite, fresh=False)
+    held = inv.ours_matching(layout)
+    if held and not overwrite:
+        raise OutputConflict(f"--out {out_dir}: holds an earlier evaluation ({describe(held)}); give another --out, "
+                             "or pass --overwrite to replace it (only what gsdistill wrote there is removed)")
+    check_claim(out_dir, "--out", layout, overwrite)
+
+
+def _replace_report(out_dir: Path, overwrite: bool) -> None:
+    """``--overwrite``: the earlier report goes only now, once every check has passed and the new one is
+    ready to be written (a refused evaluation leaves the earlier one as it was)."""
+    from gsdistill.output_folder import remove_earlier
+    if overwrite:
+        remove_earlier(out_dir, _layout(), under=[*REPORT, "config.yaml"])
 
 
 def _retrieval_into(out_dir: Path, args: argparse.Namespace, cfg, labels: list[str], pages_dir: Path) -> int:
@@ -83,6 +124,7 @@ def _retrieval_into(out_dir: Path, args: argparse.Namespace, cfg, labels: list[s
         results[label] = evaluate_page_retrieval(model, ShardDataset(pages_dir), encoders[name], model_cfg)
         encoders[name].save()
         results[label]["model_dir"] = str(model_dir)
+    _replace_report(out_dir, args.overwrite)
     save_config(cfg, out_dir)
     paths = write_report(results, out_dir)
     print(paths["table"].read_text())
@@ -118,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--text-cache", help="folder of text-encoder caches reused across runs (default: OUT/text_cache)")
     r.add_argument("--allow-overlap", action="store_true",
                    help="skip the check that no page document was in the pretraining data")
+    r.add_argument("--overwrite", action="store_true",
+                   help="--out holds an earlier evaluation or files gsdistill did not write: remove the earlier "
+                        "report (what gsdistill wrote there, by its record; never another file), then evaluate")
     r.add_argument("overrides", nargs="*", help="key=value overrides, e.g. retrieval.n_gallery=500")
     r.set_defaults(func=_retrieval)
     s = sub.add_parser("split", help="split a shard folder by document into pretraining / held-out")

@@ -139,11 +139,19 @@ def split_groups(groups: list[list[str]], eval_fraction: float, seed: int = 0) -
 
 def _claim(folder: Path, role: str, option: str, source: Path, overwrite: bool) -> bool:
     """Whether ``folder`` may take this side of the split (checked for both sides before either is
-    written): empty of shards, the same side of an earlier split of ``source`` (run again), or
-    ``overwrite``; another output is refused. True when ``overwrite`` must clear it first."""
-    from gsdistill.tuples.store.folder import holds_shards, refuse, split_record_of
-    if overwrite or not holds_shards(folder):
-        return overwrite
+    written): new or empty, the same side of an earlier split of ``source`` (run again), or
+    ``overwrite``; another output is refused, and so is a folder holding files gsdistill did not write
+    (unless ``overwrite``: they stay as they are); a name the split writes that is the user's
+    (``manifest.json``, a ``shard-*.tar``) is refused always. True when what gsdistill wrote there
+    must be removed first."""
+    from gsdistill.output_folder import check_claim
+    from gsdistill.tuples.store.folder import SPLIT, holds_shards, refuse, split_record_of
+    check_claim(folder, option, SPLIT, overwrite, fresh=False)
+    if overwrite:
+        return True
+    if not holds_shards(folder):
+        check_claim(folder, option, SPLIT, overwrite)
+        return False
     rec = split_record_of(folder) or {}
     real = os.path.realpath
     if rec.get("source") and real(rec["source"]) == real(source) and real(rec.get(f"{role}_dir", "")) == real(folder):
@@ -163,8 +171,8 @@ def split_shards(shard_dir: str | Path, train_dir: str | Path, eval_dir: str | P
     (documents and their page contents, then pages); both outputs get their own manifest, and
     ``split.json`` in each records the seed, fraction, both document lists and the groups.
     """
-    from gsdistill.output_folder import check_output_dir, lock_folder
-    from gsdistill.tuples.store.folder import clear, removed_if_left_empty
+    from gsdistill.output_folder import check_output_dir, lock_folder, remove_earlier
+    from gsdistill.tuples.store.folder import SHARD_FOLDER, removed_if_left_empty
     from gsdistill.tuples.store.reader import ShardDataset, read_manifest
     from gsdistill.tuples.store.writer import write_shards
     source = Path(shard_dir)
@@ -177,7 +185,7 @@ def split_shards(shard_dir: str | Path, train_dir: str | Path, eval_dir: str | P
     with removed_if_left_empty(*outs.values()), lock_folder(outs["train"]), lock_folder(outs["eval"]):
         to_clear = [role for role in outs if _claim(outs[role], role, options[role], source, overwrite)]
         for role in to_clear:
-            clear(outs[role])
+            remove_earlier(outs[role], SHARD_FOLDER)
         groups = document_groups(source)
         train_docs, eval_docs = split_groups(groups, eval_fraction, seed)
         held = set(eval_docs)

@@ -243,12 +243,12 @@ def check_row_configs(cfg, rows: list[dict]) -> None:
             check_pretrain_config(load_config("pretrain", row["experiment"], layers=[cfg.pretrain]))
 
 
-def run_ablation(cfg, wanted: list[str] | None = None) -> Path:
+def run_ablation(cfg, wanted: list[str] | None = None, config_files: list[Path] = ()) -> Path:
     """Run every selected (row, seed) not yet in ``out_dir/results.csv``; write table and plot."""
     from gsdistill.output_folder import lock_folder
     from gsdistill.pipelines.ablate_folder import check_same_scale
     out_dir = Path(cfg.out_dir)
-    check_same_scale(cfg, out_dir)
+    check_same_scale(cfg, out_dir, config_files)
     with lock_folder(out_dir):
         return _run_pending(cfg, out_dir, wanted)
 
@@ -289,7 +289,8 @@ def main(argv: list[str]) -> int:
     from gsdistill.threads import apply_threads
     apply_threads(cfg.threads, ultralytics=True)  # one process runs every stage of every row
     try:
-        out = run_ablation(cfg, args.rows)
+        from gsdistill.config import experiment_files
+        out = run_ablation(cfg, args.rows, experiment_files("ablate", args.config))
     except (ValueError, FileNotFoundError) as e:
         print(f"gsdistill ablate: {e}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ import yaml
 from tqdm import tqdm
 
 from gsdistill.config import load_config, save_config
+from gsdistill.output_manifest import Layout
 
 STAGES = ["tuples", "embed", "pretrain", "control", "detect", "detect budgets", "human labels", "retrieval", "report"]
 PRETRAINED, CONTROL, UNTRAINED = "pretrained", "random backbone, heads trained", "random (untrained)"
@@ -85,16 +86,36 @@ def pretrain(cfg, train_dir: Path, out: Path, name: str = "pretrain", *extra: st
 EARLIER_DEMO = ("report.md", "results.json", "pretrain/config.yaml", "control/config.yaml", "pretrain/checkpoints")
 
 
-def check_demo_folder(out: Path, overwrite: bool) -> None:
-    """Refuse (one line, exit 2) an output folder that is a file or holds an earlier demo, before any
-    stage runs; ``overwrite`` lets every stage replace what it wrote there (and only that)."""
-    from gsdistill.output_folder import OutputConflict, check_output_dir
-    check_output_dir(out, "demo --out")
-    found = [name for name in EARLIER_DEMO if (out / name).exists()]
+# the top-level names a demo writes (its stages' folders included)
+DEMO_WRITES = ("config.yaml", "report.md", "results.json", "data", "pretrain", "control", "detect", "detect_budgets",
+               "human_labels")
+DEMO = Layout("gsdistill demo", DEMO_WRITES,
+              ("config.yaml", "report.md", "results.json", "data/**", "pretrain/**", "control/**", "detect/**",
+               "detect_budgets/**", "human_labels/**"), EARLIER_DEMO,
+              (("report.md", "results.json"), ("pretrain/checkpoints/latest",), ("pretrain/config.yaml",
+                                                                                  "pretrain/metrics.csv")))
+
+
+def demo_inputs(cfg) -> list[tuple[str, Path]]:
+    """The folders and files a demo reads (never inside its ``--out``)."""
+    named = [("--pdfs", cfg.pdfs), ("detect_extra_pdfs", cfg.detect_extra_pdfs), ("human_labels", cfg.human_labels)]
+    return [(k, Path(str(v))) for k, v in named if v]
+
+
+def check_demo_folder(out: Path, overwrite: bool, inputs: list[tuple[str, Path]] = ()) -> None:
+    """Refuse (one line, exit 2) an output folder that is a file, holds one of ``inputs`` (the PDFs, the
+    recipe), holds an earlier demo or files gsdistill did not write, before any stage runs;
+    ``overwrite`` lets every stage replace what it wrote there (and only that)."""
+    from gsdistill.output_folder import OutputConflict, check_claim, check_output_dir
+    from gsdistill.output_manifest import describe
+    check_output_dir(out, "demo --out", inputs)
+    inv = check_claim(out, "demo --out", DEMO, overwrite, fresh=False)
+    found = [name for name in EARLIER_DEMO if name in inv.ours]
     if found and not overwrite:
-        raise OutputConflict(f"demo --out {out}: holds an earlier demo ({', '.join(found)}); choose another folder "
+        raise OutputConflict(f"demo --out {out}: holds an earlier demo ({describe(found)}); choose another folder "
                              "(--out), or pass --overwrite to run it again there (each stage replaces only what it "
                              "wrote)")
+    check_claim(out, "demo --out", DEMO, overwrite)
 
 
 def detect(cfg, train_dir: Path, eval_dir: Path, backbone: Path, out: Path, data_yaml: str | None = None) -> dict:
@@ -215,14 +236,15 @@ def check_demo_config(cfg, out: Path) -> None:
     check_pretrain_config(pretrain_config(cfg, out / "data" / "train"), shards_made_later=True)
 
 
-def run_demo(cfg, overwrite: bool = False) -> Path:
+def run_demo(cfg, overwrite: bool = False, config_files: list[Path] = ()) -> Path:
     """Run every stage; return the report path. Each stage's output stays in ``out_dir``, which holds
-    this process's lock; a folder holding an earlier demo is refused unless ``overwrite``."""
+    this process's lock; a folder holding an earlier demo (or files gsdistill did not write) is refused
+    unless ``overwrite``; one holding what the demo reads (``config_files``: its recipe) always."""
     from gsdistill.output_folder import lock_folder
 
     out = Path(cfg.out_dir)
     check_demo_config(cfg, out)
-    check_demo_folder(out, overwrite)
+    check_demo_folder(out, overwrite, demo_inputs(cfg) + [("--size", Path(f)) for f in config_files])
     with lock_folder(out):
         return _run_stages(cfg, out, overwrite)
 
@@ -309,6 +331,7 @@ def main(argv: list[str]) -> int:
     cfg = load_config("demo", size, [*args.overrides, *extra])
     from gsdistill.threads import apply_threads
     apply_threads(cfg.threads, ultralytics=True)  # before any torch work; the detect stage runs in this process
-    report = run_demo(cfg, overwrite=args.overwrite)
+    from gsdistill.config import experiment_files
+    report = run_demo(cfg, overwrite=args.overwrite, config_files=experiment_files("demo", size))
     print(f"report: {report}")
     return 0

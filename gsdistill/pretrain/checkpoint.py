@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import struct
 import zipfile
 from pathlib import Path
@@ -32,6 +31,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from gsdistill.errors import CorruptFileError, GsdistillError, InputError, MissingFileError, corrupt, writing_file
+from gsdistill.output_manifest import discard
 
 MODEL_FILE, OPTIM_FILE, STATE_FILE, LATEST = "model.safetensors", "optimizer.pt", "state.json", "latest"
 
@@ -100,8 +100,11 @@ def finalize(ckpt_root: Path, step: int, state: dict, cfg) -> Path:
     write_text(tmp / STATE_FILE, json.dumps(state, indent=2))
     write_text(tmp / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     final = ckpt_root / checkpoint_name(step)
-    if final.exists():
-        shutil.rmtree(final)
+    if final.exists() or final.is_symlink():
+        kept = discard(final).kept  # a link goes, never what it points to; a file of the user's inside stays
+        if kept:
+            raise InputError(f"{final}: holds files gsdistill did not write ({', '.join(kept[:3])}); the checkpoint "
+                             f"of step {step} is not written over them: move them (the checkpoint is in {tmp})")
     os.replace(tmp, final)
     latest_tmp = ckpt_root / (LATEST + ".tmp")
     write_text(latest_tmp, final.name + "\n")
@@ -116,7 +119,7 @@ def prune(own: list[Path], keep: int) -> list[Path]:
     if keep <= 0 or len(own) <= keep:
         return list(own)
     for old in own[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        discard(old)  # what gsdistill wrote there: never through a link, never a file of the user's
     return list(own[-keep:])
 
 

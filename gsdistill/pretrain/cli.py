@@ -7,10 +7,13 @@ records them in RUN_DIR/history.jsonl; a change to what a step is, e.g. optim.ba
 needs train.resume_changes=allow). Multi-process: launch the same command
 with ``torchrun --nproc_per_node N -m gsdistill.cli pretrain ...`` (or ``deepspeed``).
 
-A run folder belongs to one run: ``--run-dir`` holding an earlier run is refused (resume it, or pick
-another folder) unless ``--overwrite``, which removes that run's files (checkpoints/, metrics.csv,
-tb/, plots/, backbone/, config.yaml, history.jsonl, data/, profile/) and nothing else. A second
-process writing the same folder is refused with the PID of the one that holds it.
+A run folder belongs to one run: ``--run-dir`` holding an earlier run, or files gsdistill did not
+write, is refused (resume it, or pick another folder) unless ``--overwrite``, which removes what
+gsdistill wrote there (by the folder's record ``.gsdistill-files``: checkpoints/, metrics.csv, tb/,
+plots/, backbone/, config.yaml, history.jsonl, data/, profile/) and nothing else: a file of yours
+stays, even inside those folders. A folder holding the experiment file or the data is refused,
+``--overwrite`` or not. A second process writing the same folder is refused with the PID of the one
+that holds it.
 """
 from __future__ import annotations
 
@@ -25,8 +28,8 @@ def main(argv: list[str]) -> int:
                         help="optional experiment config first, then key=value overrides")
     parser.add_argument("--run-dir", default=None, help="exact run folder (default: train.run_dir/<timestamp>)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace an earlier run in --run-dir: remove the files a run writes there (never "
-                             "other files), then start afresh")
+                        help="replace an earlier run in --run-dir: remove what gsdistill wrote there (never "
+                             "another file, never through a link), then start afresh")
     # the deepspeed launcher appends --local_rank=N; the rank is read from LOCAL_RANK instead
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_intermixed_args(argv)  # options may come between the key=value items
@@ -40,10 +43,12 @@ def main(argv: list[str]) -> int:
     # on resume: the checkpoint's own config, the experiment file and the overrides on top (the
     # changes are listed when the run starts); project errors are handled by gsdistill.cli
     cfg, _, _ = resume_config(configs[0] if configs else None, overrides)
+    from gsdistill.config import experiment_files
+    config_files = experiment_files("pretrain", configs[0] if configs else None)
     from gsdistill.threads import apply_threads
     apply_threads(cfg.threads, int(cfg.data.num_workers))
 
     def run() -> int:
-        print(f"run dir: {run_pretraining(cfg, args.run_dir, overwrite=args.overwrite)}")
+        print(f"run dir: {run_pretraining(cfg, args.run_dir, overwrite=args.overwrite, config_files=config_files)}")
         return 0
     return run_training_command("gsdistill pretrain", run)

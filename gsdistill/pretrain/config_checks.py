@@ -122,6 +122,19 @@ def _check_local_sem(cfg) -> None:
         raise ConfigError("objective.local_sem=true needs local views (views.n_local >= 1)")
 
 
+def check_compile_cache(setting) -> None:
+    """``train.compile_cache`` naming a folder: not a file, nor below one (checked before the run folder
+    is made; a folder that cannot be created is named when the engine makes it)."""
+    from gsdistill.pretrain.step_compile import cache_folder
+    folder = cache_folder(setting)
+    if folder is None:
+        return
+    for path in (folder, *folder.parents):
+        if path.exists() and not path.is_dir():
+            where = "is a file" if path == folder else f"lies below {path}, a file"
+            raise ConfigError(f"train.compile_cache={setting}: {where}, not a folder; give a folder, auto or off")
+
+
 def check_pretrain_config(cfg, data: bool = True, shards_made_later: bool = False) -> None:
     """Every pretraining config value that can be wrong before anything runs. ``data=False``: the
     caller feeds its own batches (tests, benches), so the data keys are not used. ``shards_made_later``:
@@ -135,6 +148,7 @@ def check_pretrain_config(cfg, data: bool = True, shards_made_later: bool = Fals
     _check_local_sem(cfg)
     from gsdistill.pretrain.bounds import check_max_spans
     check_max_spans(cfg)
+    check_compile_cache(cfg["train"].get("compile_cache", "auto"))
     if not data:
         return
     from gsdistill.tuples.descriptors import check_format

@@ -187,17 +187,22 @@ def build_engine(cfg, model, device, world: int, local_batch: int):
 
 
 def _claim_run_dir(hold: ExitStack, run_dir: Path, cfg, resumed: Path | None, overwrite: bool,
-                   rank: int) -> list[str]:
-    """Rank 0 checks the folder, holds it for the run (``hold``) and, with ``overwrite``, removes an
-    earlier run's files; every rank gets the outcome, so all stop alike on a refusal (the other ranks
-    write into the folder too, but only after rank 0 has prepared the data). Returns what was removed."""
+                   rank: int, config_files: list[Path] = ()) -> list[str]:
+    """Rank 0 checks the folder against what the run reads (the data, the experiment files, a checkpoint
+    of another run it starts from), holds it for the run (``hold``) and, with ``overwrite``, removes
+    what gsdistill wrote there; every rank gets the outcome, so all stop alike on a refusal (the other
+    ranks write into the folder too, but only after rank 0 has prepared the data). Returns what was removed."""
     outcome: list[str] | GsdistillError = []
     if rank == 0:
         try:
             shards = cfg["data"]["shards"]
-            check_output_dir(run_dir, "--run-dir", [("data.shards", shards)] if shards else [])
-            hold.enter_context(lock_folder(run_dir))
             here = resumed is not None and os.path.realpath(run_folder.run_root(resumed)) == os.path.realpath(run_dir)
+            inputs = [("data.shards", shards)] if shards else []
+            inputs += [("experiment", f) for f in config_files]
+            if resumed is not None and not here:
+                inputs.append(("train.resume", run_folder.run_root(resumed)))
+            check_output_dir(run_dir, "--run-dir", inputs)
+            hold.enter_context(lock_folder(run_dir))
             outcome = run_folder.claim(run_dir, here, overwrite, resumed)
         except GsdistillError as e:
             outcome = e
@@ -239,12 +244,14 @@ def _fit(trainer: Trainer, run_dir: Path, rank: int) -> None:
                            else "stop_after", checkpoint=_absolute(trainer.last_checkpoint))
 
 
-def run_pretraining(cfg, run_dir: Path | None = None, batches=None, overwrite: bool = False) -> Path:
+def run_pretraining(cfg, run_dir: Path | None = None, batches=None, overwrite: bool = False,
+                    config_files: list[Path] = ()) -> Path:
     """Pretrain and return the run dir (config.yaml, metrics.csv, checkpoints/, backbone/, plots/,
     history.jsonl).
 
     ``batches``: optional callable ``(rank, world) -> stream`` replacing the shard stream (tests, benches).
-    ``overwrite``: a folder holding an earlier run is cleared of that run's files instead of refused.
+    ``overwrite``: a folder holding an earlier run is cleared of what gsdistill wrote there instead of
+    refused. ``config_files``: the experiment files ``cfg`` was read from (inputs: never in the run folder).
     """
     from gsdistill.models.gsdistill_model import GSDistill
 
@@ -272,7 +279,7 @@ def run_pretraining(cfg, run_dir: Path | None = None, batches=None, overwrite: b
                      else "; config unchanged"), file=sys.stderr)
     run_dir = resolve_run_dir(cfg, run_dir, resumed)
     with ExitStack() as hold:
-        removed = _claim_run_dir(hold, run_dir, cfg, resumed, overwrite, rank)
+        removed = _claim_run_dir(hold, run_dir, cfg, resumed, overwrite, rank, config_files)
         torch.manual_seed(int(cfg["train"]["seed"]))  # identical initial weights on every rank
         model = GSDistill(cfg)
         if resumed is not None:

@@ -4,23 +4,37 @@ the shard folder it was pretrained on (what the held-out checks of ``gsdistill e
 
 A run never starts in a folder that holds another run's files: its metrics, backbone and
 ``latest`` checkpoint would replace the earlier run's and its checkpoints mix with them
-(:func:`claim`). ``--overwrite`` removes the files a run writes (:data:`RUN_FILES`), nothing else.
+(:func:`claim`); nor in a folder holding files gsdistill did not write, unless ``--overwrite``.
+``--overwrite`` removes what gsdistill wrote there (the folder's record of it,
+:mod:`gsdistill.output_manifest`; in a run folder from before records, the names of :data:`RUN`),
+never a file of the user's, never through a link; a name a run writes (``config.yaml``, ``data/``)
+that is the user's is refused, ``--overwrite`` or not.
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import yaml
 
 from gsdistill.errors import MissingFileError
-from gsdistill.output_folder import OutputConflict
+from gsdistill.output_folder import OutputConflict, check_claim, remove_earlier
+from gsdistill.output_manifest import Layout, describe
+from gsdistill.tuples.store.folder import SHARD_FOLDER
 
-# what a pretraining run writes into its folder: what --overwrite removes, and all it removes
+# what a pretraining run writes into its folder
 RUN_FILES = ("checkpoints", "metrics.csv", "tb", "plots", "backbone", "config.yaml", "history.jsonl", "data",
              "profile")
-# files only a run leaves: without one of them a folder holding e.g. data/ may be the user's own
-RUN_MARKERS = ("checkpoints", "metrics.csv", "config.yaml", "history.jsonl")
+# files only a run leaves: without one of them a folder holding e.g. data/ or config.yaml may be the user's own
+RUN_MARKERS = ("checkpoints", "metrics.csv", "history.jsonl")
+RUN = Layout("a pretraining run", RUN_FILES,
+             ("checkpoints/step-*/*", "checkpoints/step-*/deepspeed/**", "checkpoints/.tmp-step-*/*",
+              "checkpoints/.tmp-step-*/deepspeed/**", "checkpoints/latest", "checkpoints/latest.tmp", "metrics.csv",
+              "tb/events.out.tfevents.*", "plots/*.png", "backbone/backbone.safetensors", "backbone/backbone.json",
+              "backbone/*.tmp", "config.yaml", "history.jsonl", "profile/top_ops.txt", "profile/trace.json")
+             + SHARD_FOLDER.under("data").legacy,
+             ("checkpoints/latest", "checkpoints/step-*/model.safetensors", "metrics.csv", "history.jsonl"),
+             (("checkpoints/latest",), ("checkpoints/step-*/model.safetensors",), ("metrics.csv", "history.jsonl"),
+              ("backbone/backbone.safetensors", "config.yaml")))
 
 
 def run_root(model_dir: Path) -> Path:
@@ -76,36 +90,36 @@ def pretrain_shards(run_dir: Path, cfg: dict) -> Path | None:
 
 
 def run_files(folder: Path) -> list[str]:
-    """The names of :data:`RUN_FILES` present in ``folder`` (an earlier run's files)."""
-    folder = Path(folder)
-    return [n for n in RUN_FILES if (folder / n).exists() or (folder / n).is_symlink()]
+    """The top-level names of what gsdistill wrote in ``folder`` (an earlier run's files)."""
+    from gsdistill.output_manifest import inventory
+    inv = inventory(Path(folder), RUN)
+    return sorted({p.split("/", 1)[0] for p in inv.ours})
 
 
 def claim(folder: Path, resumes_here: bool, overwrite: bool, resumed: Path | None = None) -> list[str]:
-    """Make ``folder`` ready for a run to start in it; return the names removed (``overwrite``).
+    """Make ``folder`` ready for a run to start in it; return the top-level names of what was removed
+    (``overwrite``).
 
-    A new or empty folder (or one with only files a run never writes) is fine; so is the folder of
-    the run being resumed (``resumes_here``). Any other folder with a run's files is refused
-    (:class:`OutputConflict`) unless ``overwrite``: then exactly those files are removed, and only
-    when the folder is recognisably a run's, and never the checkpoint ``resumed`` reads."""
+    A new or empty folder is fine; so is the folder of the run being resumed (``resumes_here``). A
+    folder holding an earlier run (its checkpoints, metrics or history, written by gsdistill) is
+    refused (:class:`OutputConflict`) unless ``overwrite``, and so is one holding files gsdistill did
+    not write: the message says which it is. ``overwrite`` removes what gsdistill wrote there
+    (never the checkpoint ``resumed`` reads); files gsdistill did not write stay, and one at a name
+    a run writes is refused, ``overwrite`` or not."""
     folder = Path(folder)
-    found = run_files(folder)
-    if resumes_here or not found:
+    if resumes_here:
         return []
-    if not overwrite:
-        raise OutputConflict(f"--run-dir {folder}: holds an earlier run ({', '.join(found)}); resume it with "
+    inv = check_claim(folder, "--run-dir", RUN, overwrite, fresh=False)
+    held = inv.ours_matching(RUN)
+    if held and not overwrite:
+        raise OutputConflict(f"--run-dir {folder}: holds an earlier run ({describe(held)}); resume it with "
                              f"train.resume={folder}, choose another --run-dir, or pass --overwrite to replace it "
-                             f"(only the files a run writes are removed)")
-    if not any(n in found for n in RUN_MARKERS):
-        raise OutputConflict(f"--run-dir {folder}: holds {', '.join(found)} but no run ({', '.join(RUN_MARKERS)}); "
-                             "--overwrite removes only a run's own files: choose another --run-dir")
+                             f"(only what gsdistill wrote there is removed)")
+    check_claim(folder, "--run-dir", RUN, overwrite)
+    if not overwrite or not inv.ours:
+        return []
     if resumed is not None and folder.resolve() in Path(resumed).resolve().parents:
         raise OutputConflict(f"--run-dir {folder}: --overwrite would delete the checkpoint train.resume reads "
                              f"({resumed}); resume in place without --overwrite, or choose another --run-dir")
-    for name in found:
-        path = folder / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:  # a file, or a link: the link goes, never what it points to
-            path.unlink()
-    return found
+    removal = remove_earlier(folder, RUN)
+    return sorted({p.rstrip("/").split("/", 1)[0] for p in removal.removed})

@@ -131,7 +131,12 @@ def use_compile_cache(setting) -> Path | None:
     inductor_config.force_disable_caches = folder is None
     if folder is None:
         return None
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        from gsdistill.config import ConfigError
+        raise ConfigError(f"train.compile_cache={setting}: {folder} cannot be created "
+                          f"({e.strerror or type(e).__name__}); give a folder you can write, auto or off") from None
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(folder):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
         from torch._inductor.utils import clear_caches

@@ -68,7 +68,7 @@ def _eval(args, cfg) -> int:
     out = Path(args.out) if args.out else default_out
     if args.model and Path(args.model).resolve() in (out.resolve(), *out.resolve().parents):
         raise ValueError(f"--out {out} lies inside the model folder {args.model}; eval never writes there")
-    with claim_eval_folder(out, args.overwrite, input_paths(cfg, args.model)):
+    with claim_eval_folder(out, args.overwrite, input_paths(cfg, args.model, args.config)):
         return _evaluate_into(args, cfg, out)
 
 
@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
             if args.command == "eval":
                 return _eval(args, cfg)
             from gsdistill.retriever.pipeline import train_and_evaluate
-            print(json.dumps(train_and_evaluate(cfg, overwrite=args.overwrite), indent=2))
+            print(json.dumps(train_and_evaluate(cfg, overwrite=args.overwrite, config=args.config), indent=2))
             return 0
         except (TrainingDiverged, TrainingInterrupted):
             raise  # run_training_command's exit codes

@@ -167,20 +167,22 @@ def interpolate_weights(model: torch.nn.Module, start: dict[str, torch.Tensor], 
 
 def train_and_evaluate(cfg: DictConfig, run_dir: str | Path | None = None,
                        passage_embeddings: torch.Tensor | None = None, progress: bool = True,
-                       save_model: bool = True, augment_train=None, overwrite: bool = False) -> dict:
+                       save_model: bool = True, augment_train=None, overwrite: bool = False,
+                       config: str | None = None) -> dict:
     """Train on ``cfg`` and evaluate on the held-out data; returns the summary written to summary.json.
 
     ``save_model=False`` skips writing the weights (sweeps of many runs would fill the disk).
     ``augment_train(train_data) -> RetrievalData``: extra training queries (same corpus) added
     before noise and mining, e.g. ``tools/experiments/retriever_pseudo_queries.py``; the eval data is untouched.
     ``overwrite``: a run folder holding an earlier run is refused unless set; then what that run
-    wrote is removed first (``run_folder.RUN_OUTPUTS``; other files stay).
+    wrote is removed first (by the folder's record, ``run_folder.RUN``; other files stay). ``config``:
+    the experiment file the config came from (an input: never inside the run folder).
     """
     init_distributed(cfg.train.device)  # sets this rank's device; joins only under torchrun (WORLD_SIZE > 1)
     absolute_data_paths(cfg)  # the saved config names the data read, wherever a resume starts
     found = find_checkpoint(cfg)
     run_dir = Path(run_dir) if run_dir is not None else make_run_dir(cfg, found)
-    with claim_run_folder(cfg, run_dir, overwrite, run_folder_of(found[0]) if found else None):
+    with claim_run_folder(cfg, run_dir, overwrite, run_folder_of(found[0]) if found else None, config):
         resume = plan_resume(cfg, found)  # a refused resume has written nothing
         return _train_and_evaluate(cfg, run_dir, resume, passage_embeddings, progress, save_model, augment_train)
 

@@ -54,9 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--engine", choices=["local", "ray"], help="local process pool or Ray tasks (build.engine)")
     b.add_argument("--ray-address", help="engine ray: address of a running Ray cluster (build.ray_address)")
     b.add_argument("--overwrite", action="store_true",
-                   help="--out holds another output (other shards, a split): remove the files gsdistill "
-                        "wrote there (shards, manifest, units/, embeddings/, skipped.csv, ...; never other "
-                        "files), then build")
+                   help="--out holds another output (other shards, a split) or files gsdistill did not "
+                        "write: remove what gsdistill wrote there (by its record: shards, manifest, units/, "
+                        "embeddings/, ...; never another file, never through a link), then build")
     e = sub.add_parser("embed", help="cache text-encoder embeddings of spans and box descriptors",
                        epilog="key=value overrides may follow, e.g. embed.max_spans=32 embed.device=cuda")
     e.add_argument("shard_dir")
@@ -97,11 +97,13 @@ def class_table(manifest: dict) -> list[str]:
 
 
 def _build(args) -> int:
+    from gsdistill.config import experiment_files
     from gsdistill.tuples.builder.driver import build_shards
     cfg = _config(args)
     out = Path(args.out)
     t0 = time.time()
-    manifest = build_shards(args.kind, args.input, out, cfg, overwrite=args.overwrite, save_config=True)
+    manifest = build_shards(args.kind, args.input, out, cfg, overwrite=args.overwrite, save_config=True,
+                            config_files=experiment_files("tuples", args.config))
     dt = time.time() - t0
     print(f"{manifest['pages']} pages ({manifest['documents']} documents) in {len(manifest['shards'])} shards -> {out} "
           f"[{dt:.1f} s, {manifest['pages'] / max(dt, 1e-9):.2f} pages/s]")
@@ -125,8 +127,26 @@ def _info(args) -> int:
     print(f"skipped: {m['skipped_count']} {m['skip_reasons']}")
     meta = read_meta(folder)
     print("embeddings: " + (f"{meta['encoder']} ({meta.get('precision', 'fp32')}) dim {meta['dim']} descriptors "
-                            f"{meta['descriptor_version']} fields {', '.join(cached_fields(meta))}" if meta else "none"))
+                            f"{meta['descriptor_version']} fields {', '.join(cached_fields(meta))}"
+                            f"{_cache_state(folder, m, meta)}" if meta else "none"))
     return 0
+
+
+def _cache_state(folder: Path, manifest: dict, meta: dict) -> str:
+    """", current" when the cache was made for the shards the folder holds now (each shard's content
+    digest, what the reader compares), else what is stale and the command that redoes it."""
+    from gsdistill.tuples.store.reader import shard_digest
+    from gsdistill.tuples.store.text_cache import FORMAT
+    redo = f"; run 'gsdistill tuples embed {folder}'"
+    if meta.get("format") != FORMAT or not isinstance(meta.get("shards"), dict):
+        return f"; STALE: made in an older cache format{redo}"
+    cached = meta["shards"]
+    names = [s["name"] for s in manifest["shards"]]
+    missing = [n for n in names if n not in cached]
+    changed = [n for n in names if n in cached and cached[n] != shard_digest(folder / n)]
+    parts = [f"{len(changed)} of {len(names)} shards changed since they were embedded (a rebuild)"] if changed else []
+    parts += [f"{len(missing)} of {len(names)} shards not embedded"] if missing else []
+    return f"; STALE: {' and '.join(parts)}{redo}" if parts else ", current"
 
 
 def _needs_encoder(args) -> int:

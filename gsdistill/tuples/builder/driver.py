@@ -27,10 +27,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from gsdistill.output_folder import check_output_dir, lock_folder
+from gsdistill.output_folder import check_claim, check_output_dir, lock_folder, remove_earlier
+from gsdistill.output_manifest import remove_written
 from gsdistill.tuples.builder.inputs import KINDS, _doc_id, input_files, ocr_function, per_file  # noqa: F401 (API)
 from gsdistill.tuples.errors import DataError, writing
-from gsdistill.tuples.store.folder import SUB_GLOBS, build_plan_of, clear, holds_shards, refuse, removed_if_left_empty
+from gsdistill.tuples.store.folder import (BUILD, SHARD_FOLDER, build_plan_of, holds_shards, refuse,
+                                          removed_if_left_empty)
 
 log = logging.getLogger("gsdistill.tuples")
 
@@ -53,16 +55,18 @@ def _done_units(out: Path, plan: dict) -> dict[int, dict]:
     from gsdistill.tuples.store.writer import MANIFEST
     units = out / UNITS_DIR
     units.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # a manifest says "complete": not until the end
-    for tmp in [*out.glob("shard-*.tmp"), *units.glob("*.tmp")]:
-        tmp.unlink()
+    # a manifest says "complete": not until the end; temporary files of a killed build go (only ours: _claim
+    # refused a folder where these names are the user's)
+    remove_written(out, SHARD_FOLDER, [MANIFEST] + [p.name for p in out.glob("shard-*.tmp")]
+                   + [f"{UNITS_DIR}/{p.name}" for p in units.glob("*.tmp")])
     try:
         same = json.loads((units / "plan.json").read_text()) == plan
     except (OSError, ValueError):
         same = False
-    if not same:
-        for old in [*out.glob("shard-*.tar"), *(p for g in SUB_GLOBS[UNITS_DIR] for p in units.glob(g))]:
-            old.unlink()  # only what a build writes: a file of the user's in units/ stays
+    if not same:  # only what a build wrote: a file of the user's in units/ stays
+        remove_written(out, SHARD_FOLDER, [p.name for p in out.glob("shard-*.tar")]
+                       + [f"{UNITS_DIR}/{p.name}" for p in units.iterdir() if p.name != "plan.json"])
+        units.mkdir(parents=True, exist_ok=True)
         write_atomic(units / "plan.json", json.dumps(plan, ensure_ascii=False).encode())
         return {}
     done = {u: verified_record(out, u, pieces) for u, pieces in enumerate(plan["units"])}
@@ -93,25 +97,27 @@ def _assemble(out: Path, plan: dict, records: dict[int, dict]) -> dict:
     return manifest
 
 
-def _input_folders(kind: str, source: str | Path, out: Path, cfg: DictConfig) -> list[tuple[str, Path]]:
-    """What ``--out`` is checked against: the input, and the image / text folders a COCO or DocBank
-    build reads. An ``--out`` strictly inside an input *folder* is allowed: the build never reads it
-    (``input_files(exclude=out)``)."""
+def _input_folders(kind: str, source: str | Path, out: Path, cfg: DictConfig,
+                   config_files: list[Path] = ()) -> list[tuple[str, Path]]:
+    """What ``--out`` is checked against: the input, the image / text folders a COCO or DocBank build
+    reads, and the experiment files (``--config`` and its bases). An ``--out`` strictly inside an
+    input *folder* is allowed: the build never reads it (``input_files(exclude=out)``)."""
+    configs = [("--config", Path(f)) for f in config_files]
     if kind == "synthetic":
-        return []
+        return configs
     src = Path(source).absolute()
     inside = src.is_dir() and src.resolve() in out.resolve().parents
     folders = [] if inside else [(f"--from {kind}", src)]
     extra = {"coco": ("coco.images_dir", "coco.text_dir"), "docbank": ("docbank.images_dir",)}.get(kind, ())
-    return folders + [(key, Path(OmegaConf.select(cfg, key))) for key in extra if OmegaConf.select(cfg, key)]
+    return folders + [(key, Path(OmegaConf.select(cfg, key))) for key in extra if OmegaConf.select(cfg, key)] + configs
 
 
-def check_out(kind: str, source: str | Path, out: Path, cfg: DictConfig) -> None:
-    """``out`` is a folder (or nothing yet), not an input, not inside or around one: checked before a
-    byte is written or the folder is created."""
+def check_out(kind: str, source: str | Path, out: Path, cfg: DictConfig, config_files: list[Path] = ()) -> None:
+    """``out`` is a folder (or nothing yet), not an input, not inside or around one (the experiment
+    file included): checked before a byte is written or the folder is created."""
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: --out is an existing file, not a folder; name a new or an existing folder")
-    check_output_dir(out, "--out", inputs=_input_folders(kind, source, out, cfg))
+    check_output_dir(out, "--out", inputs=_input_folders(kind, source, out, cfg, config_files))
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -134,27 +140,31 @@ def _changes(old: dict, new: dict) -> str:
 def _claim(out: Path, plan: dict, overwrite: bool) -> None:
     """Decide, before anything in ``out`` is written or removed, what becomes of what it holds:
     ``overwrite`` removes what gsdistill wrote there; the same plan resumes; another plan of the same
-    input (kind and path) is built again, said in one line; any other output is refused."""
+    input (kind and path) is built again, said in one line; any other output is refused, and so is
+    a folder holding only files gsdistill did not write (unless ``overwrite``: they stay). An entry
+    the build writes (``config.yaml``, ``units/``, ...) that gsdistill did not write is refused always."""
+    inv = check_claim(out, "--out", BUILD, overwrite, fresh=False)
     if overwrite:
-        removed = clear(out)
-        if removed:
-            log.warning("%s: --overwrite: removed %d files an earlier gsdistill command wrote there", out, removed)
+        remove_earlier(out, SHARD_FOLDER)
         return
-    old = build_plan_of(out)
-    if old == plan or not holds_shards(out):
+    old = build_plan_of(out) if "units/plan.json" in inv.ours else None
+    if old == plan and old is not None:
         return
     if old and old.get("kind") == plan["kind"] and old.get("source") == plan["source"]:
         log.warning("%s: %s changed since its last build: building it again", out, _changes(old, plan))
         return
-    raise refuse(out, "--out", f"not a build of {plan['kind']} {plan['source']}")
+    if holds_shards(out):
+        raise refuse(out, "--out", f"not a build of {plan['kind']} {plan['source']}")
+    check_claim(out, "--out", BUILD, overwrite)  # a fresh build: no file of the user's there
 
 
 def build_shards(kind: str, source: str | Path, out_dir: str | Path, cfg: DictConfig, overwrite: bool = False,
-                 save_config: bool = False) -> dict:
+                 save_config: bool = False, config_files: list[Path] = ()) -> dict:
     """Build ``kind`` pages from ``source`` into shards in ``out_dir``; return the manifest.
     Runs on ``build.engine`` with ``build.workers``; resumes a build of the same plan in ``out_dir``;
     refuses a folder holding another output unless ``overwrite`` (see ``_claim``). ``save_config``:
-    also write the resolved config as ``out_dir/config.yaml`` (the command does), under the lock."""
+    also write the resolved config as ``out_dir/config.yaml`` (the command does), under the lock.
+    ``config_files``: the experiment files the config was read from (inputs: never in ``out_dir``)."""
     if kind not in KINDS:
         raise DataError(f"unknown builder {kind!r}; choose one of {', '.join(KINDS)}")
     from gsdistill.tuples.builder.plan import check_build_config
@@ -162,7 +172,7 @@ def build_shards(kind: str, source: str | Path, out_dir: str | Path, cfg: DictCo
     from gsdistill.tuples.store.image_codec import stored_format
     stored_format(cfg.build.image_format)  # zst without zstandard: said once here, not by every worker
     out = Path(out_dir).absolute()  # the same folder for workers on other machines (a shared filesystem)
-    check_out(kind, source, out, cfg)
+    check_out(kind, source, out, cfg, config_files)
     with removed_if_left_empty(out), lock_folder(out):
         manifest = _build_locked(kind, source, out, cfg, overwrite)
         if save_config:

@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 from tqdm import tqdm
 
+from gsdistill.output_folder import lock_folder
 from gsdistill.threads import available_cores
 from gsdistill.tuples.descriptors import DESCRIPTOR_VERSION
 from gsdistill.tuples.embedding.encoder_pool import EncoderPool
@@ -147,12 +148,14 @@ def embed_shards(shard_dir: str | Path, make_encoder: Callable, encoder: str, ba
         return report
     if report.discarded:
         log.warning("%s: %s", shard_dir, report.discarded)
-    writer, memo = CacheWriter(shard_dir, [f.stem for f in files]), RecentVectors(memo_texts)
+    memo = RecentVectors(memo_texts)
     threads = max(1, available_cores() // max(1, int(workers)))
     encoding = any(todo.values())
     dev = str(resolve_device(device, key="embed.device")) if encoding else "cpu"
-    with EncoderPool(make_encoder, encoder, dev, workers, threads, batch_size, precision) if encoding \
-            else nullcontext() as pool:
+    # the folder is held while its cache is written (one writer; what is written is recorded as gsdistill's)
+    with lock_folder(shard_dir), EncoderPool(make_encoder, encoder, dev, workers, threads, batch_size, precision) \
+            if encoding else nullcontext() as pool:
+        writer = CacheWriter(shard_dir, [f.stem for f in files])
         for f in tqdm([f for f in files if todo[f]], desc=f"embed {shard_dir.name} ({encoder})", unit="shard",
                       disable=not progress):
             pages = _shard_pages(f)

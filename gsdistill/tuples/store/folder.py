@@ -5,8 +5,10 @@ is written they ask :func:`origin` whose output the folder is (a build of some i
 some shard folder) and refuse a folder holding another corpus's shards with
 :class:`FolderTaken` (exit code 2: the folder, what it holds, "choose another folder or pass
 --overwrite"), instead of replacing its manifest and leaving that corpus's ``embeddings/`` and
-``units/`` beside the new one. ``--overwrite`` calls :func:`clear`, which removes only the files
-listed here (the names gsdistill writes), never a file of the user's.
+``units/`` beside the new one. What is "ours" is decided by the folder's record of what gsdistill
+wrote there (:mod:`gsdistill.output_manifest`); in a folder from before records, by the names listed
+here (:data:`SHARD_FOLDER`), and only when it is recognisably a shard folder. ``--overwrite`` calls
+:func:`clear`, which removes only what is ours, never a file of the user's, never through a link.
 """
 from __future__ import annotations
 
@@ -16,11 +18,29 @@ from pathlib import Path
 from typing import Iterator
 
 from gsdistill.errors import GsdistillError
+from gsdistill.output_manifest import Layout, inventory, remove_written
 
 # files gsdistill writes at the top of a shard folder, and per sub-folder the names it writes there
 TOP_FILES = ("manifest.json", "skipped.csv", "split.json", "config.yaml")
 TOP_GLOBS = ("shard-*.tar", "shard-*.tmp", "manifest.json.*.tmp")
 SUB_GLOBS = {"units": ("plan.json", "unit-*.json", "*.tmp"), "embeddings": ("meta.json", "*.npz", "*.tmp")}
+_LEGACY = TOP_FILES + TOP_GLOBS + tuple(f"{sub}/{g}" for sub, globs in SUB_GLOBS.items() for g in globs)
+_MARKERS = ("manifest.json", "split.json", "shard-*.tar", "units/plan.json", "units/unit-*.json",
+            "embeddings/meta.json", "embeddings/*.npz")
+# a folder without a record is recognisably a shard folder when it holds one of these groups together
+_SIGNATURE = (("manifest.json", "shard-*.tar"), ("manifest.json", "skipped.csv"), ("split.json", "shard-*.tar"),
+              ("units/plan.json",), ("units/unit-*.json",), ("embeddings/meta.json",))
+# a shard folder as any command writing one sees it (build, split, embed, pretraining's synthetic data)
+SHARD_FOLDER = Layout("a shard folder", TOP_FILES + TOP_GLOBS + tuple(SUB_GLOBS), _LEGACY, _MARKERS, _SIGNATURE)
+# what ``tuples build`` writes (the embedding cache goes into its embeddings/ later) ...
+BUILD = Layout("tuples build", ("manifest.json", "skipped.csv", "config.yaml") + TOP_GLOBS + tuple(SUB_GLOBS),
+               _LEGACY, _MARKERS, _SIGNATURE)
+# ... and one side of ``eval split`` (no config.yaml, no skipped.csv)
+SPLIT = Layout("eval split", ("manifest.json", "split.json", "shard-*.tar", "shard-*.tmp"), _LEGACY, _MARKERS,
+               _SIGNATURE)
+
+
+_RESULT = Layout("a result", markers=tuple(m for m in _MARKERS if m != "units/plan.json"))
 
 
 class FolderTaken(GsdistillError, ValueError):
@@ -28,24 +48,18 @@ class FolderTaken(GsdistillError, ValueError):
 
 
 def written_files(folder: Path) -> list[Path]:
-    """Every file of ``folder`` with a name gsdistill writes in a shard folder (sorted)."""
+    """Every file of ``folder`` gsdistill wrote (its record; in a folder without one, the names a shard
+    folder holds), sorted."""
     folder = Path(folder)
-    found = [folder / n for n in TOP_FILES if (folder / n).is_file()]
-    found += [p for g in TOP_GLOBS for p in folder.glob(g) if p.is_file()]
-    for sub, globs in SUB_GLOBS.items():
-        found += [p for g in globs for p in (folder / sub).glob(g) if p.is_file()]
-    return sorted(set(found))
+    inv = inventory(folder, SHARD_FOLDER)
+    return sorted(folder / p for p in inv.ours if inv.entries[p] != "d")
 
 
 def holds_shards(folder: Path) -> bool:
-    """The folder holds a result (shards, a manifest, build records, embeddings, a split record):
-    something a new output would replace or mix with. A lone config.yaml or plan.json does not count."""
-    folder = Path(folder)
-    if (folder / "manifest.json").is_file() or (folder / "split.json").is_file():
-        return True
-    if any(folder.glob("shard-*.tar")) or any((folder / "units").glob("unit-*.json")):
-        return True
-    return (folder / "embeddings" / "meta.json").is_file() or any((folder / "embeddings").glob("*.npz"))
+    """The folder holds a result gsdistill wrote (shards, a manifest, build records, embeddings, a
+    split record): something a new output would replace or mix with. A lone config.yaml or
+    plan.json does not count, nor any file gsdistill did not write."""
+    return bool(inventory(folder, SHARD_FOLDER).ours_matching(_RESULT))
 
 
 def _json(path: Path) -> dict | None:
@@ -79,13 +93,13 @@ def origin(folder: Path) -> str:
 
 def contents(folder: Path) -> str:
     """What ``folder`` holds that gsdistill wrote: "3 shards, manifest.json, embeddings/, units/"."""
-    folder = Path(folder)
+    ours = {str(p.relative_to(folder)) for p in written_files(Path(folder))}
     parts = []
-    shards = len(list(folder.glob("shard-*.tar")))
+    shards = len([p for p in ours if "/" not in p and p.startswith("shard-") and p.endswith(".tar")])
     if shards:
         parts.append(f"{shards} shard{'s' if shards != 1 else ''}")
-    parts += [n for n in ("manifest.json", "split.json") if (folder / n).is_file()]
-    parts += [f"{sub}/" for sub in SUB_GLOBS if any(p.parent.name == sub for p in written_files(folder))]
+    parts += [n for n in ("manifest.json", "split.json") if n in ours]
+    parts += [f"{sub}/" for sub in SUB_GLOBS if any(p.startswith(sub + "/") for p in ours)]
     return ", ".join(parts) or "nothing"
 
 
@@ -95,18 +109,11 @@ def refuse(folder: Path, option: str, why: str) -> FolderTaken:
                        "folder, or pass --overwrite to remove those files (only what gsdistill wrote there) first")
 
 
-def clear(folder: Path) -> int:
-    """Remove every file gsdistill writes in a shard folder (``written_files``) and the sub-folders
-    left empty by that; the user's own files stay. Returns how many files were removed."""
-    files = written_files(folder)
-    for path in files:
-        path.unlink(missing_ok=True)
-    for sub in SUB_GLOBS:
-        try:
-            (Path(folder) / sub).rmdir()  # only when empty: a file of the user's keeps it
-        except OSError:
-            pass
-    return len(files)
+def clear(folder: Path):
+    """Remove what gsdistill wrote in a shard folder (:func:`gsdistill.output_manifest.remove_written`:
+    by its record, never through a link, never a file of the user's) and the folders of ours left
+    empty. Returns the :class:`~gsdistill.output_manifest.Removal` (``removed``, ``kept``)."""
+    return remove_written(folder, SHARD_FOLDER)
 
 
 @contextmanager

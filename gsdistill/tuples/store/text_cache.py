@@ -128,11 +128,15 @@ class CacheWriter:
     def __init__(self, shard_dir: Path, shard_stems: list[str]):
         self.dir = Path(shard_dir) / CACHE_DIR
         with writing(self.dir):
+            if self.dir.is_symlink():  # the cache is written inside the shard folder, never through a link
+                raise DataError(f"{self.dir}: is a link; the embedding cache is written only inside "
+                                f"{self.dir.parent}: remove the link (its target is not touched)")
             self.dir.mkdir(exist_ok=True)
-            (self.dir / META).unlink(missing_ok=True)
+            from gsdistill.output_manifest import discard
+            discard(self.dir / META)
             for old in self.dir.glob("*.npz"):  # shards no longer in the folder, files of a killed run
                 if old.stem not in shard_stems:
-                    old.unlink()
+                    discard(old)  # what gsdistill wrote: never a file of the user's, never through a link
 
     def read_shard(self, shard_stem: str) -> dict[str, np.ndarray]:
         """The vectors already cached for one shard (kept when only new fields are added)."""
