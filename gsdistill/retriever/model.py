@@ -161,7 +161,8 @@ class DualEncoder(nn.Module):
             raise no_room_error(out / where.relative_to(tmp), why) from None
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         if out.is_dir() and not out.is_symlink():
-            os.replace(out, old)  # the model saved earlier in this run: replaced, whole
+            _carry_over(out, tmp)  # a file of the user's in the model folder outlives the new save
+            os.replace(out, old)  # the model saved earlier in this run: replaced
         os.replace(tmp, out)
         _remove_partial(old)
         return out
@@ -243,6 +244,18 @@ def model_card(settings: dict, card: dict) -> str:
                   "# any version: SentenceTransformer(path + '/query_encoder'), SentenceTransformer(path + '/passage_encoder')"]
     lines += ["```", ""]
     return "\n".join(lines)
+
+
+def _carry_over(old: Path, new: Path) -> None:
+    """Move every entry of ``old`` that the new save did not write into ``new`` (a link as a link, never
+    followed); a sub-folder both hold is merged the same way. What the save wrote wins; the rest (a user's
+    notes in the model folder) stays."""
+    for entry in old.iterdir():
+        target = new / entry.name
+        if not target.exists() and not target.is_symlink():
+            os.replace(entry, target)
+        elif entry.is_dir() and not entry.is_symlink() and target.is_dir() and not target.is_symlink():
+            _carry_over(entry, target)
 
 
 def _remove_partial(folder: Path) -> None:
