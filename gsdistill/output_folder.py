@@ -37,7 +37,8 @@ from typing import Iterable, Iterator
 
 from gsdistill import output_manifest
 from gsdistill.errors import GsdistillError
-from gsdistill.output_manifest import LOCK_NAME, Inventory, Layout, Removal, describe, inventory, remove_written
+from gsdistill.output_manifest import LOCK_NAME, Layout
+from gsdistill.output_removal import Inventory, Removal, describe, inventory, remove_written
 
 
 class OutputConflict(GsdistillError, ValueError):
@@ -88,7 +89,7 @@ def check_output_dir(out: str | Path, what: str, inputs: Iterable[tuple[str, str
 
 def check_claim(folder: str | Path, what: str, layout: Layout, overwrite: bool, fresh: bool = True,
                 flag: str | None = "--overwrite") -> Inventory:
-    """What ``folder`` holds (:func:`gsdistill.output_manifest.inventory`), once a command writing
+    """What ``folder`` holds (:func:`gsdistill.output_removal.inventory`), once a command writing
     ``layout`` there may go on, before it writes or removes anything:
 
     * a top-level entry the command writes that gsdistill did not write (the user's ``config.yaml``,
@@ -116,7 +117,7 @@ def check_claim(folder: str | Path, what: str, layout: Layout, overwrite: bool, 
 
 def remove_earlier(folder: str | Path, layout: Layout, under: Iterable[str] | None = None,
                    say: str | None = "--overwrite") -> Removal:
-    """Remove what gsdistill wrote in ``folder`` (:func:`gsdistill.output_manifest.remove_written`),
+    """Remove what gsdistill wrote in ``folder`` (:func:`gsdistill.output_removal.remove_written`),
     said in one line on stderr (``say``: what asked for it; None says nothing): what went, and the
     files kept because gsdistill did not write them."""
     folder = Path(folder)

@@ -69,7 +69,7 @@ class RunLog:
             self.columns = list(rows[0].keys()) if rows else None
             self._rewrite([r for r in rows if int(float(r["step"])) <= resume_step])
         elif self.path is not None and (self.path.exists() or self.path.is_symlink()):
-            from gsdistill.output_manifest import discard
+            from gsdistill.output_removal import discard
             discard(self.path)  # a link goes, never what it points to
         self.tb = None
         if tensorboard:

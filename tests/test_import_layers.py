@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gsdistill"
 # layer; never a sibling of its layer (siblings stay independent) nor anything above. Top-level
 # modules (gsdistill/config.py, ...) are named without the package; "gsdistill" is gsdistill/__init__.py.
 SHARED_BASE = ("gsdistill", "errors", "config", "config_schema", "threads", "device", "run_log", "output_folder",
-               "output_manifest", "run_history")  # small modules that may import one another (no circle)
+               "output_manifest", "output_removal", "run_history")  # small modules that may import one another (no circle)
 LAYERS = [
     SHARED_BASE,
     ("losses",),

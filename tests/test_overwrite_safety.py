@@ -59,7 +59,8 @@ def synthetic(out, pages=8, *extra) -> int:
 
 # ---- the helper ------------------------------------------------------------------------------------------
 def test_what_a_held_folder_gains_is_recorded_and_only_that_is_removed(tmp_path):
-    from gsdistill.output_manifest import read_record, remove_written
+    from gsdistill.output_manifest import read_record
+    from gsdistill.output_removal import remove_written
     out = user_folder(tmp_path / "out", {"mine.txt": "mine", "sub/mine.txt": "mine too"})
     with lock_folder(out):
         (out / "sub" / "ours.bin").write_bytes(b"1")
@@ -77,7 +78,8 @@ def test_what_a_held_folder_gains_is_recorded_and_only_that_is_removed(tmp_path)
 
 
 def test_removal_never_follows_a_link_nor_leaves_the_folder(tmp_path):
-    from gsdistill.output_manifest import EVERYTHING, remove_written
+    from gsdistill.output_manifest import EVERYTHING
+    from gsdistill.output_removal import remove_written
     elsewhere = user_folder(tmp_path / "elsewhere", {"a.npz": "user", "meta.json": "user"})
     out = tmp_path / "out"
     with lock_folder(out):  # gsdistill made these links itself: they are ours, their targets are not
@@ -96,7 +98,7 @@ def test_removal_never_follows_a_link_nor_leaves_the_folder(tmp_path):
 
 
 def test_a_sub_folders_own_record_counts_only_below_a_folder_of_ours(tmp_path):
-    from gsdistill.output_manifest import remove_written
+    from gsdistill.output_removal import remove_written
     run = tmp_path / "run"
     with lock_folder(run):  # a run makes its data/ ...
         (run / "data").mkdir()
@@ -117,7 +119,7 @@ def test_a_sub_folders_own_record_counts_only_below_a_folder_of_ours(tmp_path):
 
 
 def test_what_a_killed_holder_wrote_is_credited_to_it(tmp_path):
-    from gsdistill.output_manifest import inventory
+    from gsdistill.output_removal import inventory
     out = user_folder(tmp_path / "out", {"mine.txt": "mine"})
     os.utime(out / "mine.txt", (1, 1))  # older than the killed session
     code = textwrap.dedent("""

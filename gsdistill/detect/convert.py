@@ -29,7 +29,7 @@ from gsdistill.detect.coco_convert import coco_to_yolo, convert_release  # noqa:
 from gsdistill.detect.convert_output import conversion_output
 from gsdistill.detect.yolo_folder import (IMAGE_SUFFIXES, SPLITS, DatasetError, _class_index, _link,  # noqa: F401
                                           _Writer, assign_splits, clip_box, yolo_line)  # (re-exported: their old home)
-from gsdistill.output_manifest import discard
+from gsdistill.output_removal import discard
 from gsdistill.tuples.labels import DOCLAYNET_CLASSES
 
 

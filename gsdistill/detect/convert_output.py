@@ -29,7 +29,8 @@ from typing import Iterator
 
 from gsdistill.detect.image_check import MEMO
 from gsdistill.output_folder import OutputConflict, check_claim, check_output_dir, lock_folder
-from gsdistill.output_manifest import Layout, inventory, remove_written
+from gsdistill.output_manifest import Layout
+from gsdistill.output_removal import inventory, remove_written
 
 CONVERT_OUTPUTS = ("images", "labels", "coco", "manifest.json", "coco_eval.json", "data.yaml", "_staging", MEMO)
 CONVERT = Layout("detect convert", CONVERT_OUTPUTS,

@@ -22,7 +22,7 @@ from gsdistill.detect.checks import check_yolo_dataset, read_data_yaml  # noqa: 
 from gsdistill.detect.modules import BACKBONE_LAYER  # noqa: E402
 from gsdistill.detect.safe_load import load_yolo  # noqa: E402
 from gsdistill.output_folder import OutputConflict, check_output_dir, lock_folder  # noqa: E402
-from gsdistill.output_manifest import discard  # noqa: E402
+from gsdistill.output_removal import discard  # noqa: E402
 from gsdistill.tuples.store.folder import removed_if_left_empty  # noqa: E402
 
 

@@ -27,7 +27,8 @@ from typing import NamedTuple
 
 from gsdistill.detect.yolo_folder import IMAGE_SUFFIXES
 from gsdistill.output_folder import OutputConflict
-from gsdistill.output_manifest import EVERYTHING, describe, inventory, remove_written
+from gsdistill.output_manifest import EVERYTHING
+from gsdistill.output_removal import describe, inventory, remove_written
 
 RECORD_KEYS = {"page", "source", "weights", "boxes"}  # what makes a .json a page prediction of this command
 

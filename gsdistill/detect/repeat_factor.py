@@ -24,7 +24,7 @@ import yaml
 
 from gsdistill.detect.checks import data_root, label_path, split_dir
 from gsdistill.detect.yolo_folder import IMAGE_SUFFIXES, DatasetError, _link
-from gsdistill.output_manifest import discard
+from gsdistill.output_removal import discard
 
 
 def split_images(data_yaml: str | Path, data: dict, split: str) -> list[Path]:

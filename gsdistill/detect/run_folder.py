@@ -11,7 +11,8 @@ from pathlib import Path
 from ultralytics.utils.files import increment_path
 
 from gsdistill.output_folder import LOCK_NAME, FolderBusy, OutputConflict, check_output_dir, lock_folder
-from gsdistill.output_manifest import EVERYTHING, remove_written
+from gsdistill.output_manifest import EVERYTHING
+from gsdistill.output_removal import remove_written
 
 
 def train_inputs(cfg, data: dict) -> list[tuple[str, Path]]:

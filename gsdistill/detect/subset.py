@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from gsdistill.detect.yolo_folder import IMAGE_SUFFIXES, DatasetError, _link
-from gsdistill.output_manifest import discard
+from gsdistill.output_removal import discard
 
 
 def subset_data(data_yaml: str | Path, fraction: float, seed: int, out: str | Path) -> Path:

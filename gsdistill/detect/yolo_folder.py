@@ -18,7 +18,7 @@ import yaml
 
 from gsdistill.detect.convert_output import claim
 from gsdistill.errors import GsdistillError
-from gsdistill.output_manifest import discard
+from gsdistill.output_removal import discard
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 SPLITS = ("train", "val", "test")

@@ -73,7 +73,7 @@ def _claim_report(out_dir: Path, overwrite: bool) -> None:
     wrote there; the text cache stays, it is keyed by text) and nothing else, once the new report is
     ready (:func:`_replace_report`)."""
     from gsdistill.output_folder import OutputConflict, check_claim
-    from gsdistill.output_manifest import describe
+    from gsdistill.output_removal import describe
     layout = _layout()
     inv = check_claim(out_dir, "--out", layout, overwrite, fresh=False)
     held = inv.ours_matching(layout)

@@ -107,7 +107,7 @@ def check_demo_folder(out: Path, overwrite: bool, inputs: list[tuple[str, Path]]
     recipe), holds an earlier demo or files gsdistill did not write, before any stage runs;
     ``overwrite`` lets every stage replace what it wrote there (and only that)."""
     from gsdistill.output_folder import OutputConflict, check_claim, check_output_dir
-    from gsdistill.output_manifest import describe
+    from gsdistill.output_removal import describe
     check_output_dir(out, "demo --out", inputs)
     inv = check_claim(out, "demo --out", DEMO, overwrite, fresh=False)
     found = [name for name in EARLIER_DEMO if name in inv.ours]

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from gsdistill.errors import CorruptFileError, GsdistillError, InputError, MissingFileError, corrupt, writing_file
-from gsdistill.output_manifest import discard
+from gsdistill.output_removal import discard
 
 MODEL_FILE, OPTIM_FILE, STATE_FILE, LATEST = "model.safetensors", "optimizer.pt", "state.json", "latest"
 

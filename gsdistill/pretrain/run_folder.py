@@ -18,7 +18,8 @@ import yaml
 
 from gsdistill.errors import MissingFileError
 from gsdistill.output_folder import OutputConflict, check_claim, remove_earlier
-from gsdistill.output_manifest import Layout, describe
+from gsdistill.output_manifest import Layout
+from gsdistill.output_removal import describe
 from gsdistill.tuples.store.folder import SHARD_FOLDER
 
 # what a pretraining run writes into its folder
@@ -91,7 +92,7 @@ def pretrain_shards(run_dir: Path, cfg: dict) -> Path | None:
 
 def run_files(folder: Path) -> list[str]:
     """The top-level names of what gsdistill wrote in ``folder`` (an earlier run's files)."""
-    from gsdistill.output_manifest import inventory
+    from gsdistill.output_removal import inventory
     inv = inventory(Path(folder), RUN)
     return sorted({p.split("/", 1)[0] for p in inv.ours})
 

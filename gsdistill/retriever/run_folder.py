@@ -22,7 +22,8 @@ from omegaconf import DictConfig
 
 from gsdistill.errors import GsdistillError
 from gsdistill.output_folder import OutputConflict, check_claim, check_output_dir, lock_folder, remove_earlier
-from gsdistill.output_manifest import Layout, describe
+from gsdistill.output_manifest import Layout
+from gsdistill.output_removal import describe
 from gsdistill.pretrain.distributed import rank_and_world
 
 # everything a training run writes into its folder (the pipeline, the loop, the run's evaluation)

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from gsdistill.output_folder import check_claim, check_output_dir, lock_folder, remove_earlier
-from gsdistill.output_manifest import remove_written
+from gsdistill.output_removal import remove_written
 from gsdistill.tuples.builder.inputs import KINDS, _doc_id, input_files, ocr_function, per_file  # noqa: F401 (API)
 from gsdistill.tuples.errors import DataError, writing
 from gsdistill.tuples.store.folder import (BUILD, SHARD_FOLDER, build_plan_of, holds_shards, refuse,

@@ -150,7 +150,7 @@ def drop_pages(out: Path, record: dict, drop_ids: set[str], reason: str) -> dict
         write_atomic(shard, buf.getvalue())
         record.update(bytes=shard.stat().st_size, sha256=file_sha256(shard))
     else:
-        from gsdistill.output_manifest import discard
+        from gsdistill.output_removal import discard
         discard(shard)  # the build's own shard (never through a link)
         record.update(shard=None, bytes=0, sha256=None)
     write_atomic(record_path(out, record["unit"]), json.dumps(record, ensure_ascii=False).encode())

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Iterator
 
 from gsdistill.errors import GsdistillError
-from gsdistill.output_manifest import Layout, inventory, remove_written
+from gsdistill.output_manifest import Layout
+from gsdistill.output_removal import inventory, remove_written
 
 # files gsdistill writes at the top of a shard folder, and per sub-folder the names it writes there
 TOP_FILES = ("manifest.json", "skipped.csv", "split.json", "config.yaml")
@@ -110,9 +111,9 @@ def refuse(folder: Path, option: str, why: str) -> FolderTaken:
 
 
 def clear(folder: Path):
-    """Remove what gsdistill wrote in a shard folder (:func:`gsdistill.output_manifest.remove_written`:
+    """Remove what gsdistill wrote in a shard folder (:func:`gsdistill.output_removal.remove_written`:
     by its record, never through a link, never a file of the user's) and the folders of ours left
-    empty. Returns the :class:`~gsdistill.output_manifest.Removal` (``removed``, ``kept``)."""
+    empty. Returns the :class:`~gsdistill.output_removal.Removal` (``removed``, ``kept``)."""
     return remove_written(folder, SHARD_FOLDER)
 
 

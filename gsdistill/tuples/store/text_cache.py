@@ -132,7 +132,7 @@ class CacheWriter:
                 raise DataError(f"{self.dir}: is a link; the embedding cache is written only inside "
                                 f"{self.dir.parent}: remove the link (its target is not touched)")
             self.dir.mkdir(exist_ok=True)
-            from gsdistill.output_manifest import discard
+            from gsdistill.output_removal import discard
             discard(self.dir / META)
             for old in self.dir.glob("*.npz"):  # shards no longer in the folder, files of a killed run
                 if old.stem not in shard_stems:
