@@ -16,7 +16,7 @@ from gsdistill.tuples.sources.images import tesseract_available
 SENTINEL = "Zqxsentinelzone"  # a category name no OCR, descriptor or default could produce
 SMOKE = ["data.eval_fraction=0.5", "data.retrieval_train_pages=4", "labelled.min_class_boxes=3", "labelled.workers=1",
          "labelled.ocr_long_side=800", "labelled.ocr_min_width=480", "labelled.detect_long_side=256",
-         "labelled.bootstrap_min_docs=2"]
+         "labelled.bootstrap_min_docs=3"]  # 2 held-out documents: pages resampled within each
 
 
 def labelled_fixture(root, docs=4, pages=2):
@@ -180,8 +180,14 @@ def test_labelled_demo_runs_every_stage(labelled_demo):
     assert {r["backbone"] for r in res["detect"]["rows"]} == {"pretrained", "random backbone"}
     assert res["detect"]["labels"] == lab["classes"] and all(c.startswith(SENTINEL) for c in lab["classes"])
     assert res["detect_budgets"][0]["fraction"] == 0.5
+    # fewer held-out documents than bootstrap_min_docs: pages are resampled within each held-out document
+    sidecar = json.loads((out / "detect" / "labelled" / "data" / "coco_eval.json").read_text())["val"]
+    assert "doc_ids" not in sidecar and set(sidecar["strata"].values()) == set(lab["held_docs"])
+    boot = res["detect"]["paired"]["backbone"]
+    assert (boot["unit"], boot["n_docs"], boot["n_strata"]) == ("pages", 4, 2)
     text = report.read_text()
     assert "## 1b. The labelled pages" in text and "held out, 2 of 4 documents" in text
+    assert "their 4 pages, drawn within each of their 2 documents (stratified)" in text
     assert "What OCR read of each document" in text and "| book0 | 2 |" in text
     for d in lab["held_docs"]:
         assert d in text
@@ -206,8 +212,11 @@ def test_second_run_reuses_the_cached_ocr(labelled_demo):
     from gsdistill.pipelines.labelled_pages import build_labelled_split
     cfg2 = load_config("demo", "smoke", [*SMOKE, f"labelled.coco={cfg.labelled.coco}", "seed=3", "labelled.class_map=coarse",
                                          f"labelled.images={cfg.labelled.images}", f"labelled.cache_dir={root / 'cache'}"])
+    cfg2.labelled.bootstrap_min_docs = 2
     _, _, info = build_labelled_split(cfg2, root / "second", readers=1)
     assert info["labelled"]["ocr"]["cached"]
+    sidecar = json.loads((root / "second" / "detect" / "labelled" / "data" / "coco_eval.json").read_text())["val"]
+    assert "strata" not in sidecar and len(set(sidecar["doc_ids"].values())) == 2  # enough documents: resampled whole
     assert info["labelled"]["classes"] and all(":" not in c for c in info["labelled"]["classes"])
 
 

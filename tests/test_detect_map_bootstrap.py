@@ -226,3 +226,29 @@ def test_per_class_bootstrap_matches_pycocotools_and_averages_to_the_map_differe
         assert 0 < lo <= d["diff"] <= hi  # clearly better boxes: better in each class too
     plain = paired_map_bootstrap(worse, better, sidecar, n_boot=300, seed=1)
     assert "per_class" not in plain and plain["map50"] == res["map50"] and plain["map50_95"] == res["map50_95"]
+
+
+def test_stratified_bootstrap_resamples_within_each_stratum(tmp_path):
+    from gsdistill.detect.map_bootstrap import _stratified_draw
+
+    stratum = ["b", "a", "b", "b", "a", "c"]
+    draw = _stratified_draw(np.random.default_rng(0), stratum, 500)
+    assert draw.shape == (500, 6)
+    for s in "abc":  # every resample holds as many units of each stratum as it has, all from that stratum
+        members = [i for i, g in enumerate(stratum) if g == s]
+        assert np.isin(draw, members).sum(axis=1).tolist() == [len(members)] * 500
+    # and resampled: all 10 x 3 x 1 multisets (3 of 3 with replacement, 2 of 2, 1 of 1) turn up in 500 draws
+    assert len({tuple(sorted(r)) for r in draw}) == 30
+    sidecar, stem_of = _small_split(tmp_path)
+    worse = [_ultralytics(sidecar["coco_json"], stem_of, s, 0.3) for s in (0, 1)]
+    better = [_ultralytics(sidecar["coco_json"], stem_of, s, 0.0) for s in (2, 3)]
+    pages = {s: s for s in stem_of.values()}  # every page its own unit
+    by_book = paired_map_bootstrap(worse, better, sidecar, doc_of=pages, strata=sidecar["doc_ids"], n_boot=200)
+    assert (by_book["unit"], by_book["n_docs"], by_book["n_strata"]) == ("pages", 36, 12)
+    lo, hi = by_book["map50"]["ci95"]
+    assert lo < by_book["map50"]["diff"] < hi  # pages drawn within their document: a real spread
+    # one page a stratum: every resample is the full set, so the interval is the point
+    alone = paired_map_bootstrap(worse, better, sidecar, doc_of=pages, strata=pages, n_boot=50)
+    assert alone["map50"]["ci95"] == pytest.approx([alone["map50"]["diff"]] * 2)
+    with pytest.raises(ValueError, match="two strata"):  # a document split across strata
+        paired_map_bootstrap(worse, better, sidecar, strata=pages, n_boot=10)

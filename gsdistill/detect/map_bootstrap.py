@@ -167,9 +167,18 @@ def _paired(a: np.ndarray, b: np.ndarray) -> dict:
     return {"a": a[:, 0].tolist(), "b": b[:, 0].tolist(), "diff": float(diff[0]), "ci95": [float(lo), float(hi)]}
 
 
+def _stratified_draw(rng: np.random.Generator, stratum: list[str], n_boot: int) -> np.ndarray:
+    """``[n_boot, U]`` unit indices: each stratum's units drawn with replacement from that stratum, as many as
+    it holds (one stratum: the plain bootstrap, drawn as it always was, so earlier seeds give the same resamples)."""
+    groups = [np.flatnonzero(np.array(stratum) == g) for g in sorted(set(stratum))]
+    if len(groups) == 1:
+        return rng.integers(0, len(stratum), size=(n_boot, len(stratum)))
+    return np.hstack([g[rng.integers(0, len(g), size=(n_boot, len(g)))] for g in groups])
+
+
 def paired_map_bootstrap(preds_a: list[list[dict]], preds_b: list[list[dict]], sidecar: dict,
                          doc_of: dict[str, str] | None = None, n_boot: int = 1000, seed: int = 0,
-                         per_class: bool = False) -> dict:
+                         per_class: bool = False, strata: dict[str, str] | None = None) -> dict:
     """Seed-mean mAP of B minus A on the same held-out images, with a bootstrap over documents.
 
     Args:
@@ -179,9 +188,14 @@ def paired_map_bootstrap(preds_a: list[list[dict]], preds_b: list[list[dict]], s
         n_boot, seed: resamples of the documents (with replacement, as many as there are) and their RNG seed.
         per_class: also ``"per_class": {class name: {...}}``, each class's AP@50 compared the same way
             (a class can decide an mAP difference alone: a rare one is as heavy as a common one).
+        strata: image stem -> stratum (default: the sidecar's ``strata``, else one): the documents are
+            resampled within each stratum, as many as it holds (a stratified bootstrap). With 2-3 held-out
+            books, pages resampled within each book keep every book's share of the set, which a bootstrap
+            over the books themselves cannot estimate anything from.
 
     Returns:
-        ``{"n_images", "n_docs", "n_boot", "seconds", "map50": {...}, "map50_95": {...}}`` where each
+        ``{"n_images", "n_docs", "n_strata", "n_boot", "unit", "seconds", "map50": {...}, "map50_95": {...}}``
+        (``unit``: what was resampled, "pages" when every image is its own document) where each
         metric holds ``a``/``b`` (per seed, full set), ``diff`` (mean b - mean a) and ``ci95`` (2.5 and
         97.5 percentiles of the resampled diff).
     """
@@ -195,7 +209,12 @@ def paired_map_bootstrap(preds_a: list[list[dict]], preds_b: list[list[dict]], s
     cat_ids = sorted({c for c in sidecar["category_ids"] if c is not None})
     doc_of = doc_of if doc_of is not None else sidecar.get("doc_ids", {})
     docs, doc_index = np.unique([str(doc_of.get(s, s)) for s in stems], return_inverse=True)
-    draw = np.random.default_rng(seed).integers(0, len(docs), size=(n_boot, len(docs)))
+    strata = strata if strata is not None else sidecar.get("strata") or {}
+    stratum_of_doc = {}
+    for s, d in zip(stems, doc_index):
+        if stratum_of_doc.setdefault(d, str(strata.get(s, ""))) != str(strata.get(s, "")):
+            raise ValueError(f"document '{docs[d]}' has images in two strata; a stratum holds whole documents")
+    draw = _stratified_draw(np.random.default_rng(seed), [stratum_of_doc[d] for d in range(len(docs))], n_boot)
     counts = np.bincount((draw + len(docs) * np.arange(n_boot)[:, None]).ravel(),
                          minlength=n_boot * len(docs)).reshape(n_boot, len(docs))
     weights = np.vstack([np.ones(len(stems)), counts[:, doc_index]])  # row 0: every image once
@@ -205,7 +224,8 @@ def paired_map_bootstrap(preds_a: list[list[dict]], preds_b: list[list[dict]], s
                          for p in pred_sets])
 
     ap_a, ap_b = seed_aps(preds_a), seed_aps(preds_b)
-    result = {"n_images": len(stems), "n_docs": len(docs), "n_boot": n_boot}
+    result = {"n_images": len(stems), "n_docs": len(docs), "n_strata": len(set(stratum_of_doc.values())), "n_boot": n_boot,
+              "unit": "pages" if len(docs) == len(stems) else "documents"}
     means_a, means_b = zip(*map(_class_means, ap_a)), zip(*map(_class_means, ap_b))
     for key, a, b in zip(("map50", "map50_95"), means_a, means_b):
         result[key] = _paired(np.array(a), np.array(b))

@@ -8,6 +8,14 @@ from pathlib import Path
 from gsdistill.pipelines.report_text import claim, rel
 
 
+def resampled(b: dict) -> str:
+    """What a :func:`gsdistill.detect.map_bootstrap.paired_map_bootstrap` result resampled, in words."""
+    unit = b.get("unit", "documents")
+    if b.get("n_strata", 1) > 1:
+        return f"their {b['n_docs']} {unit}, drawn within each of their {b['n_strata']} documents (stratified)"
+    return f"their {b['n_docs']} {unit}"
+
+
 def _map_claims(paired: dict) -> list[str]:
     """One claim per metric from a :func:`gsdistill.detect.map_bootstrap.rows_bootstrap` result, in mAP points."""
     return [f"- {name}, " + claim(paired["a"], paired["b"], 100 * paired[key]["diff"],
@@ -61,8 +69,8 @@ def detect_section(det: dict, out: Path, min_reference_map50: float) -> list[str
                                                                    min_reference_map50), ""]
     b = paired["backbone"]
     lines += [f"Differences of the seed-mean mAP on the same {b['n_images']} held-out pages, with a 95 % percentile "
-              f"bootstrap interval over their {b['n_docs']} documents ({b['n_boot']} resamples; COCO's mAP "
-              "recomputed on each):", ""] + _map_claims(b) + [""] + _class_claims(b)
+              f"bootstrap interval over {resampled(b)} ({b['n_boot']} resamples; COCO's mAP recomputed on each):", ""]
+    lines += _map_claims(b) + [""] + _class_claims(b)
     if ref:
         own = det.get("reference_overrides") or []
         setting = (f"same optimizer steps, the reference with its own {', '.join(f'`{o}`' for o in own)} "

@@ -39,8 +39,9 @@ def _split_json(images: list[dict], mapping: dict, classes: list[str], long_side
 
 def detect_data(images: list[dict], doc_of: dict[str, str], held: set[str], mapping: dict, classes: list[str],
                 copies: Path, long_side: int | None, out: Path, by_document: bool) -> Path:
-    """The data YAML of both sides in ``out/data`` (source files in ``out/source``); ``by_document``: the
-    held-out sidecar names each page's document, so the report's bootstrap resamples documents, not pages."""
+    """The data YAML of both sides in ``out/data`` (source files in ``out/source``). The held-out sidecar names
+    each page's document: as ``doc_ids`` when ``by_document`` (the report's bootstrap resamples documents), else as
+    ``strata`` (it resamples pages within each document)."""
     from gsdistill.detect.coco_convert import convert_release
 
     source = out / "source"
@@ -53,10 +54,11 @@ def detect_data(images: list[dict], doc_of: dict[str, str], held: set[str], mapp
         side = [im for im in images if (doc_of[im["name"]] in held) == keep]
         (source / "COCO" / f"{split}.json").write_text(json.dumps(_split_json(side, mapping, classes, long_side)))
     data_yaml = convert_release(source, "doclaynet", out / "data", names=classes, overwrite=True)
-    if by_document:
-        sidecar_path = Path(data_yaml).parent / "coco_eval.json"
-        sidecar = json.loads(sidecar_path.read_text())
-        stem_doc = {Path(copy_name(im["name"])).stem: doc_of[im["name"]] for im in images}
-        sidecar["val"]["doc_ids"] = {s: stem_doc[s] for s in sidecar["val"]["image_ids"]}
-        sidecar_path.write_text(json.dumps(sidecar))
+    sidecar_path = Path(data_yaml).parent / "coco_eval.json"
+    sidecar = json.loads(sidecar_path.read_text())
+    stem_doc = {Path(copy_name(im["name"])).stem: doc_of[im["name"]] for im in images}
+    held_doc = {s: stem_doc[s] for s in sidecar["val"]["image_ids"]}
+    # documents resampled when there are enough of them, else pages within each document (a stratified bootstrap)
+    sidecar["val"]["doc_ids" if by_document else "strata"] = held_doc
+    sidecar_path.write_text(json.dumps(sidecar))
     return Path(data_yaml)

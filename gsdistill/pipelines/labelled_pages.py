@@ -222,6 +222,6 @@ def build_labelled_split(cfg, out: Path, readers: int) -> tuple[Path, Path, dict
         "documents": labelled_pages, "train_docs": train_docs, "held_docs": held_docs,
         "input_skipped": labelled["skipped"], "class_map": lab.class_map or "the set's own names",
         "classes": classes, **class_info, "min_class_boxes": int(lab.min_class_boxes), "ocr": ocr,
-        "bootstrap_unit": "documents" if by_document else "pages", "detect_long_side": lab.detect_long_side,
+        "bootstrap_unit": "documents" if by_document else "pages within each document", "detect_long_side": lab.detect_long_side,
         "data_yaml": str(data_yaml)}
     return train_dir, eval_dir, info
