@@ -90,3 +90,31 @@ def test_paired_doc_bootstrap_takes_any_page_statistic():
     docs = [f"d{i // 4}" for i in range(40)]
     lo, hi = tool.paired_doc_bootstrap(b + 1.0, b, docs, stat=lambda rows: rows.mean())
     assert 0.999 < lo <= hi < 1.001
+
+
+def test_detect_data_zones_become_patch_classes_and_the_bootstrap_keeps_each_book(tmp_path):
+    """--detect-data reads a detection folder's own COCO classes (the zones of `demo --coco`), and with strata the
+    page bootstrap draws every book's pages from that book alone."""
+    import json
+
+    from PIL import Image
+    tool = _tool()
+    (tmp_path / "coco").mkdir()
+    (tmp_path / "images" / "val").mkdir(parents=True)
+    Image.new("RGB", (128, 64), "white").save(tmp_path / "images" / "val" / "bookA_0001.png")
+    coco = {"images": [{"id": 7, "file_name": "bookA_0001.png", "width": 128, "height": 64}],
+            "categories": [{"id": 2, "name": "NumberingZone"}, {"id": 1, "name": "MainZone"}],
+            "annotations": [{"id": 1, "image_id": 7, "category_id": 1, "bbox": [0, 0, 128, 64]},  # the page: MainZone
+                            {"id": 2, "image_id": 7, "category_id": 2, "bbox": [0, 0, 40, 20]}]}  # top left: numbers
+    (tmp_path / "coco" / "val.json").write_text(json.dumps(coco))
+    images, labels, docs, names = tool.load_detect_split(str(tmp_path / "data.yaml"), "val", size=64, patch=16)
+    assert names == ["MainZone", "NumberingZone"] and docs == ["bookA"] and images.shape == (1, 3, 64, 64)
+    np.testing.assert_array_equal(labels.reshape(4, 4), [[2, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]])
+    # two books, B's pages all better: a page bootstrap within each book never draws a resample without B
+    a = np.zeros((6, 2, 2)); a[:, 1, 1] = 1
+    b = a.copy(); b[3:, 1, 0] = 1  # pages 3-5 (book B): class 1 right in b, wrong in a
+    strata = ["A", "A", "A", "B", "B", "B"]
+    lo, hi = tool.paired_doc_bootstrap(b, a, [f"p{i}" for i in range(6)], strata=strata, n_boot=200)
+    assert lo == hi == tool.balanced_acc(b) - tool.balanced_acc(a)  # every resample holds three A and three B pages
+    lo, hi = tool.paired_doc_bootstrap(b, a, [f"p{i}" for i in range(6)], n_boot=200)
+    assert lo < hi  # without strata the share of B's pages varies

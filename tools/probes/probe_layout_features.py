@@ -2,6 +2,8 @@
 
     python tools/probes/probe_layout_features.py --train runs/demo_pdfs/data/train --eval runs/demo_pdfs/data/eval \
         --backbone runs/demo_pdfs/pretrain/backbone [--size 320] [--out runs/probe_layout]
+    python tools/probes/probe_layout_features.py --detect-data RUN/detect/labelled/data/data.yaml \
+        --backbone RUN/pretrain/backbone --size 384      # `demo --coco`: the zones people drew
 
 Head-only detection reads the last ViT block (gsdistill/detect/modules.py). When a pretrained backbone
 detects no better than a random one, this asks why, without training a detector: each page is resized
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +63,43 @@ def patch_labels(page: dict, size: int, patch: int) -> np.ndarray:
         ys = (centres >= y0 / page["height"]) & (centres <= y1 / page["height"])
         labels[np.ix_(ys, xs)] = PUBLAYNET_CLASSES.index(name) + 1
     return labels.reshape(-1)
+
+
+def box_labels(boxes: list[tuple[int, list[float]]], width: float, height: float, size: int, patch: int) -> np.ndarray:
+    """Class index (0 = background) of the box ``(class index, [x0, y0, x1, y1])`` under each patch centre; smaller
+    boxes last, so a title inside a larger text region keeps its own class."""
+    g = size // patch
+    centres = (np.arange(g) + 0.5) * patch / size
+    labels = np.zeros((g, g), dtype=np.int64)
+    for cls, (x0, y0, x1, y1) in sorted(boxes, key=lambda b: -(b[1][2] - b[1][0]) * (b[1][3] - b[1][1])):
+        xs = (centres >= x0 / width) & (centres <= x1 / width)
+        ys = (centres >= y0 / height) & (centres <= y1 / height)
+        labels[np.ix_(ys, xs)] = cls
+    return labels.reshape(-1)
+
+
+def load_detect_split(data_yaml: str, split: str, size: int, patch: int, limit: int | None = None):
+    """A detection data folder's split (``gsdistill detect convert`` / ``demo --coco``: ``coco/{train,val}.json`` beside
+    ``images/``): its images, the patch classes of its own boxes (people's labels: the zones of ``demo --coco``), each
+    page's document (the file name's prefix before its last ``_``) and the class names."""
+    from PIL import Image
+
+    root = Path(data_yaml).parent
+    coco = json.loads((root / "coco" / f"{split}.json").read_text())
+    cats = sorted(coco["categories"], key=lambda c: c["id"])
+    index = {c["id"]: i + 1 for i, c in enumerate(cats)}
+    boxes: dict[int, list] = {}
+    for a in coco["annotations"]:
+        x, y, w, h = a["bbox"]
+        boxes.setdefault(a["image_id"], []).append((index[a["category_id"]], [x, y, x + w, y + h]))
+    images, labels, docs = [], [], []
+    for im in coco["images"][:limit]:
+        img = Image.open(root / "images" / split / im["file_name"]).convert("RGB").resize((size, size))
+        x = torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)
+        images.append((x - MEAN) / STD)
+        labels.append(box_labels(boxes.get(im["id"], []), im["width"], im["height"], size, patch))
+        docs.append(Path(im["file_name"]).stem.rsplit("_", 1)[0])
+    return torch.stack(images), np.stack(labels), docs, [c["name"] for c in cats]
 
 
 def load_split(folder: str, size: int, patch: int, limit: int | None = None) -> tuple[torch.Tensor, np.ndarray, list[str]]:
@@ -145,15 +185,18 @@ def balanced_acc(hits: np.ndarray) -> float:
 
 
 def paired_doc_bootstrap(a: np.ndarray, b: np.ndarray, docs: list[str], n_boot: int = 1000, seed: int = 0,
-                         stat=None):
-    """95 % interval of ``stat(a) - stat(b)`` (default: balanced accuracy) over resampled documents; rows = pages."""
+                         stat=None, strata: list[str] | None = None):
+    """95 % interval of ``stat(a) - stat(b)`` (default: balanced accuracy) over resampled documents; rows = pages.
+    ``strata`` (one per page): documents are drawn within each stratum, as many as it holds."""
     stat = stat or balanced_acc
     names = sorted(set(docs))
     idx = [np.array([i for i, d in enumerate(docs) if d == n]) for n in names]
+    stratum = [strata[i[0]] if strata else "" for i in idx]
+    groups = [np.array([j for j, g in enumerate(stratum) if g == s]) for s in sorted(set(stratum))]
     rng = np.random.default_rng(seed)
     diffs = []
     for _ in range(n_boot):
-        pick = np.concatenate([idx[j] for j in rng.integers(0, len(idx), len(idx))])
+        pick = np.concatenate([idx[j] for g in groups for j in g[rng.integers(0, len(g), len(g))]])
         diffs.append(stat(a[pick]) - stat(b[pick]))
     return tuple(np.percentile(diffs, [2.5, 97.5]))
 
@@ -206,8 +249,11 @@ def subpatch_report(xs_tr, xs_ev, docs, patch: int, models: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--train", required=True)
-    ap.add_argument("--eval", required=True)
+    ap.add_argument("--train", help="shard folder of the training pages (their boxes: the PDF builder's classes)")
+    ap.add_argument("--eval", help="shard folder of the held-out pages")
+    ap.add_argument("--detect-data", help="instead of --train/--eval: a detection data YAML (its train and val splits, "
+                    "its own classes: the zones people drew, for `demo --coco`); intervals resample held-out pages "
+                    "within each held-out document")
     ap.add_argument("--backbone", required=True, nargs="+",
                     help="exported backbone folder(s) (backbone.json); probes use the first")
     ap.add_argument("--size", type=int, default=320)
@@ -221,21 +267,30 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     meta = read_backbone_meta(args.backbone[0])
-    patch, n_cls = 16, len(PUBLAYNET_CLASSES) + 1
+    patch, n_cls, class_names = 16, len(PUBLAYNET_CLASSES) + 1, PUBLAYNET_CLASSES
+    if not args.detect_data and not (args.train and args.eval):
+        ap.error("give --train and --eval, or --detect-data")
     pre = load_backbone(args.backbone[0]).eval()
     torch.manual_seed(args.seed)
     rnd = create_backbone({"name": meta["model_name"], **{k: v for k, v in meta["kwargs"].items()
                                                           if k != "dynamic_img_size"}}).eval()
+    strata = None
+    if args.detect_data:
+        xs_tr, y_tr, _, class_names = load_detect_split(args.detect_data, "train", args.size, patch, args.train_pages)
+        xs_ev, y_ev, books, _ = load_detect_split(args.detect_data, "val", args.size, patch, args.eval_pages)
+        docs, strata, n_cls = [f"page{i}" for i in range(len(books))], books, len(class_names) + 1
     if args.stats_only:
-        xs_ev, _, _ = load_split(args.eval, args.size, patch, args.eval_pages)
+        if not args.detect_data:
+            xs_ev, _, _ = load_split(args.eval, args.size, patch, args.eval_pages)
         models = {"random twin": rnd, **{str(b): load_backbone(b).eval() for b in args.backbone}}
         print(f"{len(xs_ev)} held-out pages at {args.size} px: effective rank / within-page cosine per block")
         for name, vit in models.items():
             stats = [token_stats(t) for t in block_tokens(vit, xs_ev)]
             print(f"{name}: " + "  ".join(f"block {i + 1} {r:.1f} / {c:.3f}" for i, (r, c) in enumerate(stats)))
         return
-    xs_tr, y_tr, _ = load_split(args.train, args.size, patch, args.train_pages)
-    xs_ev, y_ev, docs = load_split(args.eval, args.size, patch, args.eval_pages)
+    if not args.detect_data:
+        xs_tr, y_tr, _ = load_split(args.train, args.size, patch, args.train_pages)
+        xs_ev, y_ev, docs = load_split(args.eval, args.size, patch, args.eval_pages)
     if args.subpatch:
         subpatch_report(xs_tr, xs_ev, docs, patch, {"pretrained": pre, "random": rnd})
         return
@@ -255,11 +310,11 @@ def main() -> None:
         hits[key] = page_hits(pred, y_ev, n_cls)
         rows.append({"features": key, "balanced_acc": round(balanced_acc(hits[key]), 4)})
         tot = hits[key].sum(0)
-        per_class = " ".join(f"{n} {c / t:.2f}" for n, (c, t) in zip(["background"] + PUBLAYNET_CLASSES, tot) if t)
+        per_class = " ".join(f"{n} {c / t:.2f}" for n, (c, t) in zip(["background", *class_names], tot) if t)
         print(f"{key:22s} balanced accuracy {rows[-1]['balanced_acc']:.3f}  ({per_class})", flush=True)
     for key in [k for k in hits if k.startswith("pretrained")]:
         twin = key.replace("pretrained", "random")
-        lo, hi = paired_doc_bootstrap(hits[key], hits[twin], docs)
+        lo, hi = paired_doc_bootstrap(hits[key], hits[twin], docs, strata=strata)
         d = balanced_acc(hits[key]) - balanced_acc(hits[twin])
         print(f"{key} - random: {d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
         rows.append({"features": f"{key} - random", "balanced_acc": round(d, 4), "lo": round(lo, 4), "hi": round(hi, 4)})
