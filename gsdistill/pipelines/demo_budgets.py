@@ -74,11 +74,13 @@ def budgets_section(results: list[dict] | None) -> list[str]:
     """The report's table of the settings (empty when none ran)."""
     if not results:
         return []
+    from gsdistill.pipelines.demo_report_detect import resampled
+
     ref = next((k for k in results[0]["map50"] if k not in (PRETRAINED, RANDOM)), None)
     lines = ["### Few labels, few epochs (paper 003's claim where the head has little to learn from)", "",
              "The same detectors trained on a share of the training pages (at the optimizer steps of all of "
              "them: the labels change, not the budget) or for fewer or more epochs, scored on the same "
-             "held-out pages; mAP@50 in %, differences with a 95 % bootstrap over held-out documents.", "",
+             f"held-out pages; mAP@50 in %, differences with a 95 % bootstrap over {resampled(results[0]['paired']['backbone'])}.", "",
              f"| setting | training pages | epochs | optimizer steps | pretrained | random backbone | {ref or 'reference'} "
              "| pretrained − random | pretrained − reference |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in results:

@@ -294,7 +294,7 @@ def main() -> None:
     if args.subpatch:
         subpatch_report(xs_tr, xs_ev, docs, patch, {"pretrained": pre, "random": rnd})
         return
-    print(f"{len(xs_tr)} training pages, {len(xs_ev)} held-out pages of {len(set(docs))} documents; "
+    print(f"{len(xs_tr)} training pages, {len(xs_ev)} held-out pages of {len(set(strata or docs))} documents; "
           f"patch classes (held-out): {np.bincount(y_ev.reshape(-1), minlength=n_cls).tolist()}")
     rows, hits = [], {}
     sources = {"pixels": (pixel_tokens(xs_tr, patch), pixel_tokens(xs_ev, patch))}
