@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES, PER_SHARD = 60, 6
+PAGES, PER_SHARD = 60, 20  # units of 20 large pages: seconds of work left when the first shard appears
 
 
 def _build(out: Path, **kw) -> subprocess.Popen:
@@ -58,7 +58,7 @@ def test_second_ctrl_c_ends_a_parallel_build_and_the_rerun_completes(tmp_path):
             time.sleep(0.05)  # the workers are writing shards
         assert proc.poll() is None, "the build ended before it could be interrupted"
         os.killpg(proc.pid, signal.SIGINT)
-        time.sleep(0.5)
+        time.sleep(0.2)  # the second press while the units in progress still run (on idle cores 6 pages ended in 0.5 s)
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=30)  # generous: it ends at once; a hang fails here
     finally:
