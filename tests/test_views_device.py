@@ -24,10 +24,16 @@ from gsdistill.views.multicrop import MultiCropViews
 from gsdistill.views.render import page_rows, render_views
 
 SMALL = dict(global_size=64, local_size=32, n_local=6, seed=11)
-# digests of MultiCropViews' crops, masks and tracked boxes for drawn_page(7), made by the code before issue 56
-PINNED = [({"track_boxes": True}, "eacb6ac6f6194b129ee60d8c906ac140ec374c67e6c7f843c7ae6d727aff1743"),
-          ({"local_mode": "spans", "local_span_px": 64}, "48b993cc907c0afd2bd20198f7e29715db41e0cb18b6ae9530e8acd0ed59b323"),
-          ({"hflip": True, "region_boxes": True}, "0bdb3c214d4f1a8b515d34cd9697ccf5b389faa40a16902b7608cd3a646dcf9a")]
+# digests of MultiCropViews' crops, masks and tracked boxes for drawn_page(7), per OpenCV minor version (its
+# resampling decides the bytes: 4.14 and 5.1 differ from 5.0 in the random-crop modes). 5.0's were made by the code
+# before issue 56; 5.1's by the code of 2026-12-07, which gives 5.0's digests under OpenCV 5.0.0.93 (checked then).
+PINNED = [({"track_boxes": True}, {"5.0": "eacb6ac6f6194b129ee60d8c906ac140ec374c67e6c7f843c7ae6d727aff1743",
+                                   "5.1": "5fb611df9f904e51d3bbdd6ee18d7a755dab087fc6c8c6d94557d4fca8df64cf"}),
+          ({"local_mode": "spans", "local_span_px": 64},
+           {"5.0": "48b993cc907c0afd2bd20198f7e29715db41e0cb18b6ae9530e8acd0ed59b323",
+            "5.1": "48b993cc907c0afd2bd20198f7e29715db41e0cb18b6ae9530e8acd0ed59b323"}),
+          ({"hflip": True, "region_boxes": True}, {"5.0": "0bdb3c214d4f1a8b515d34cd9697ccf5b389faa40a16902b7608cd3a646dcf9a",
+                                                   "5.1": "f242721d3bfff74337091b6ae460ddb96ac74776af13739932173457b75ecadb"})]
 
 
 def _digest(sample: dict) -> str:
@@ -42,9 +48,15 @@ def _digest(sample: dict) -> str:
     return h.hexdigest()
 
 
-@pytest.mark.parametrize("extra,digest", PINNED)
-def test_the_cpu_setting_keeps_todays_views_byte_for_byte(extra, digest):
-    assert _digest(MultiCropViews(**SMALL, **extra)(drawn_page())) == digest
+@pytest.mark.parametrize("extra,digests", PINNED)
+def test_the_cpu_setting_keeps_todays_views_byte_for_byte(extra, digests):
+    import cv2
+
+    minor = ".".join(cv2.__version__.split(".")[:2])
+    if minor not in digests:
+        pytest.skip(f"views pinned byte for byte under OpenCV {', '.join(digests)}; this is OpenCV {cv2.__version__}, "
+                    "whose resampling gives other bytes")
+    assert _digest(MultiCropViews(**SMALL, **extra)(drawn_page())) == digests[minor]
 
 
 def test_views_device_chooses_the_path():
