@@ -229,10 +229,10 @@ def test_per_class_bootstrap_matches_pycocotools_and_averages_to_the_map_differe
 
 
 def test_stratified_bootstrap_resamples_within_each_stratum(tmp_path):
-    from gsdistill.detect.map_bootstrap import _stratified_draw
+    from gsdistill.detect.map_bootstrap import stratified_draw
 
     stratum = ["b", "a", "b", "b", "a", "c"]
-    draw = _stratified_draw(np.random.default_rng(0), stratum, 500)
+    draw = stratified_draw(np.random.default_rng(0), stratum, 500)
     assert draw.shape == (500, 6)
     for s in "abc":  # every resample holds as many units of each stratum as it has, all from that stratum
         members = [i for i, g in enumerate(stratum) if g == s]

@@ -167,7 +167,7 @@ def _paired(a: np.ndarray, b: np.ndarray) -> dict:
     return {"a": a[:, 0].tolist(), "b": b[:, 0].tolist(), "diff": float(diff[0]), "ci95": [float(lo), float(hi)]}
 
 
-def _stratified_draw(rng: np.random.Generator, stratum: list[str], n_boot: int) -> np.ndarray:
+def stratified_draw(rng: np.random.Generator, stratum: list[str], n_boot: int) -> np.ndarray:
     """``[n_boot, U]`` unit indices: each stratum's units drawn with replacement from that stratum, as many as
     it holds (one stratum: the plain bootstrap, drawn as it always was, so earlier seeds give the same resamples)."""
     groups = [np.flatnonzero(np.array(stratum) == g) for g in sorted(set(stratum))]
@@ -214,7 +214,7 @@ def paired_map_bootstrap(preds_a: list[list[dict]], preds_b: list[list[dict]], s
     for s, d in zip(stems, doc_index):
         if stratum_of_doc.setdefault(d, str(strata.get(s, ""))) != str(strata.get(s, "")):
             raise ValueError(f"document '{docs[d]}' has images in two strata; a stratum holds whole documents")
-    draw = _stratified_draw(np.random.default_rng(seed), [stratum_of_doc[d] for d in range(len(docs))], n_boot)
+    draw = stratified_draw(np.random.default_rng(seed), [stratum_of_doc[d] for d in range(len(docs))], n_boot)
     counts = np.bincount((draw + len(docs) * np.arange(n_boot)[:, None]).ravel(),
                          minlength=n_boot * len(docs)).reshape(n_boot, len(docs))
     weights = np.vstack([np.ones(len(stems)), counts[:, doc_index]])  # row 0: every image once

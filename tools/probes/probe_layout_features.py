@@ -188,15 +188,19 @@ def paired_doc_bootstrap(a: np.ndarray, b: np.ndarray, docs: list[str], n_boot: 
                          stat=None, strata: list[str] | None = None):
     """95 % interval of ``stat(a) - stat(b)`` (default: balanced accuracy) over resampled documents; rows = pages.
     ``strata`` (one per page): documents are drawn within each stratum, as many as it holds."""
+    from gsdistill.detect.map_bootstrap import stratified_draw
+
     stat = stat or balanced_acc
     names = sorted(set(docs))
     idx = [np.array([i for i, d in enumerate(docs) if d == n]) for n in names]
-    stratum = [strata[i[0]] if strata else "" for i in idx]
-    groups = [np.array([j for j, g in enumerate(stratum) if g == s]) for s in sorted(set(stratum))]
     rng = np.random.default_rng(seed)
+    if strata:  # the detection bootstrap's draw: documents within each stratum
+        draws = stratified_draw(rng, [strata[i[0]] for i in idx], n_boot)
+    else:  # one draw per resample, as this probe always drew (its earlier intervals reproduce)
+        draws = (rng.integers(0, len(idx), len(idx)) for _ in range(n_boot))
     diffs = []
-    for _ in range(n_boot):
-        pick = np.concatenate([idx[j] for g in groups for j in g[rng.integers(0, len(g), len(g))]])
+    for draw in draws:
+        pick = np.concatenate([idx[j] for j in draw])
         diffs.append(stat(a[pick]) - stat(b[pick]))
     return tuple(np.percentile(diffs, [2.5, 97.5]))
 
