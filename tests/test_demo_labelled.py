@@ -189,6 +189,8 @@ def test_labelled_demo_runs_every_stage(labelled_demo):
     assert "## 1b. The labelled pages" in text and "held out, 2 of 4 documents" in text
     assert "their 4 pages, drawn within each of their 2 documents (stratified)" in text
     assert "What OCR read of each document" in text and "| book0 | 2 |" in text
+    # the page's scale in pretraining's views against the detector's (the smoke recipe: 64 px views, 128 px pages)
+    assert "Scale: the detectors read a page at a long side of 128 px; pretraining's global views (64 px," in text
     for d in lab["held_docs"]:
         assert d in text
 

@@ -46,6 +46,36 @@ def text_height_in_view(pages: list[dict], view_size: int) -> dict[str, float]:
     return _one_line_heights(pages, lambda p: view_size / p["height"])
 
 
+def view_page_scale(pages: list[dict], size: int, scale, span_px: float | None = None) -> float:
+    """The long side, in pixels, at which a view shows the page (median over pages): comparable with the
+    detector's ``imgsz``, to which it letterboxes the page's long side.
+
+    A random crop of area share ``s`` is ``sqrt(s * w * h)`` page pixels on a side (the geometric mean of
+    its sides, whatever aspect RandomResizedCrop draws) resized to ``size``; ``s`` is drawn uniformly from
+    ``scale``, so its median, the midpoint, gives the median scale. A span crop is ``span_px`` page pixels
+    wide."""
+    s = (float(scale[0]) + float(scale[1])) / 2
+    side = (lambda p: span_px) if span_px else (lambda p: np.sqrt(s * p["width"] * p["height"]))
+    return float(np.median([size * max(p["width"], p["height"]) / side(p) for p in pages]))
+
+
+def scale_against_detector(pages: list[dict], views, imgsz: int) -> str:
+    """One sentence: the page's scale in pretraining's views against the detector's input (a backbone learns
+    the features of the scale it is shown; docs/detection.md, "The view scale")."""
+    if not pages:
+        return ""
+    g = view_page_scale(pages, int(views.global_size), views.global_scale)
+    spans = str(views.local_mode) == "spans"
+    loc = view_page_scale(pages, int(views.local_size), views.local_scale, float(views.local_span_px) if spans else None)
+    share = lambda r: f"{100 * (float(r[0]) + float(r[1])) / 2:.0f} % of the page area"  # noqa: E731
+    what = f"about {int(views.local_span_px)} page px around a text span" if spans else share(views.local_scale)
+    return (f"Scale: the detectors read a page at a long side of {imgsz} px; pretraining's global views "
+            f"({int(views.global_size)} px, {share(views.global_scale)}) show it at about {g:.0f} px "
+            f"({g / imgsz:.2f}x the detector's scale), its local views ({int(views.local_size)} px, {what}) at about "
+            f"{loc:.0f} px ({loc / imgsz:.2f}x). Features learnt at another scale than the one detected at are "
+            "features of another page.")
+
+
 def local_view_heights(pages: list[dict], views) -> tuple[str, dict[str, float]]:
     """What pretraining's local views show of the text: (description, median one-line heights in view px).
 
@@ -175,14 +205,14 @@ def write_demo_report(cfg, out: Path, run_dir: Path, control_dir: Path | None, i
              f"stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()) + ".", ""]
     lines += data_section(info["data"])
     lab = info["data"].get("labelled")
+    imgsz = int(load_config("detect", "compare", [*cfg.detect]).imgsz)
     if lab:
-        imgsz = int(load_config("detect", "compare", [*cfg.detect]).imgsz)
         pages = [*read_pages(out / "data" / "train", decode_images=False), *held]
         lines += labelled_section(lab, imgsz, [float(f) for f in cfg.detect_label_fractions], pages)
     lines += ["## 2. GSDistill pretraining", "", f"Run: `{rel(run_dir, out)}` (resolved config in "
               f"`config.yaml`, metrics in `metrics.csv`, backbone export in `backbone/`)."
               + (f" Control (backbone frozen at random, heads trained the same way): `{rel(control_dir, out)}`."
-                 if control_dir else ""), "", table, ""]
+                 if control_dir else ""), "", table, "", scale_against_detector(held, pcfg.views, imgsz), ""]
     lines += distill_verdict(change, int(pcfg.model.dino_out_dim), info["retrieval"].get("teacher_spread"))
     ramp = int(pcfg.objective.distill_warmup_steps)
     if ramp:
