@@ -80,14 +80,14 @@ def local_view_heights(pages: list[dict], views) -> tuple[str, dict[str, float]]
     """What pretraining's local views show of the text: (description, median one-line heights in view px).
 
     ``spans`` crops are ``local_span_px`` page pixels wide, so one factor serves every page; ``random``
-    crops cover ``local_scale`` of the page area (the geometric mean of its range is used)."""
+    crops cover ``local_scale`` of the page area (the midpoint of its range, as in :func:`view_page_scale`)."""
     size = int(views.local_size)
     if str(views.local_mode) == "spans":
         k = size / float(views.local_span_px)
         what = f"{size} px local views of about {int(views.local_span_px)} page px around a text span"
         factor = lambda p: k  # noqa: E731
     else:
-        share = float(np.sqrt(views.local_scale[0] * views.local_scale[1]))
+        share = (float(views.local_scale[0]) + float(views.local_scale[1])) / 2
         what = f"{size} px local views of {100 * share:.0f} % of the page area"
         factor = lambda p: size / np.sqrt(share * p["width"] * p["height"])  # noqa: E731
     return what, _one_line_heights(pages, factor)
