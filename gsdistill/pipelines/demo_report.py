@@ -46,6 +46,11 @@ def text_height_in_view(pages: list[dict], view_size: int) -> dict[str, float]:
     return _one_line_heights(pages, lambda p: view_size / p["height"])
 
 
+def area_share(scale) -> float:
+    """The median area share of a random crop drawn uniformly from ``scale`` (RandomResizedCrop's range)."""
+    return (float(scale[0]) + float(scale[1])) / 2
+
+
 def view_page_scale(pages: list[dict], size: int, scale, span_px: float | None = None) -> float:
     """The long side, in pixels, at which a view shows the page (median over pages): comparable with the
     detector's ``imgsz``, to which it letterboxes the page's long side.
@@ -54,7 +59,7 @@ def view_page_scale(pages: list[dict], size: int, scale, span_px: float | None =
     its sides, whatever aspect RandomResizedCrop draws) resized to ``size``; ``s`` is drawn uniformly from
     ``scale``, so its median, the midpoint, gives the median scale. A span crop is ``span_px`` page pixels
     wide."""
-    s = (float(scale[0]) + float(scale[1])) / 2
+    s = area_share(scale)
     side = (lambda p: span_px) if span_px else (lambda p: np.sqrt(s * p["width"] * p["height"]))
     return float(np.median([size * max(p["width"], p["height"]) / side(p) for p in pages]))
 
@@ -67,7 +72,7 @@ def scale_against_detector(pages: list[dict], views, imgsz: int) -> str:
     g = view_page_scale(pages, int(views.global_size), views.global_scale)
     spans = str(views.local_mode) == "spans"
     loc = view_page_scale(pages, int(views.local_size), views.local_scale, float(views.local_span_px) if spans else None)
-    share = lambda r: f"{100 * (float(r[0]) + float(r[1])) / 2:.0f} % of the page area"  # noqa: E731
+    share = lambda r: f"{100 * area_share(r):.0f} % of the page area"  # noqa: E731
     what = f"about {int(views.local_span_px)} page px around a text span" if spans else share(views.local_scale)
     return (f"Scale: the detectors read a page at a long side of {imgsz} px; pretraining's global views "
             f"({int(views.global_size)} px, {share(views.global_scale)}) show it at about {g:.0f} px "
@@ -87,7 +92,7 @@ def local_view_heights(pages: list[dict], views) -> tuple[str, dict[str, float]]
         what = f"{size} px local views of about {int(views.local_span_px)} page px around a text span"
         factor = lambda p: k  # noqa: E731
     else:
-        share = (float(views.local_scale[0]) + float(views.local_scale[1])) / 2
+        share = area_share(views.local_scale)
         what = f"{size} px local views of {100 * share:.0f} % of the page area"
         factor = lambda p: size / np.sqrt(share * p["width"] * p["height"])  # noqa: E731
     return what, _one_line_heights(pages, factor)
